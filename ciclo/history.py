@@ -1,0 +1,213 @@
+"""`History`: the committed logs of a run, stored column-wise and fetched lagged."""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from ciclo.logs import Logs
+from ciclo.time import Elapsed
+
+__all__ = ["History", "history"]
+
+ELAPSED = "elapsed"
+_ELAPSED_FIELDS = ("steps", "samples", "time", "date")
+
+
+class _Column:
+    """One entry's values: the rows they were logged at and the values.
+
+    Scalars live in a typed `array.array` (8 bytes each); anything else in a list.
+    """
+
+    __slots__ = ("rows", "values")
+
+    def __init__(self):
+        self.rows = array.array("q")
+        self.values: array.array | list = array.array("q")
+
+    def append(self, row: int, value: Any) -> None:
+        self.rows.append(row)
+        values = self.values
+        if isinstance(values, array.array):
+            scalar = _scalar(value)
+            if scalar is not None:
+                if isinstance(scalar, float) and values.typecode == "q":
+                    values = self.values = array.array("d", values)
+                values.append(scalar)
+                return
+            values = self.values = list(values)
+        values.append(value)
+
+
+def _scalar(value: Any) -> int | float | None:
+    """`value` as a Python int/float when it is a real 0-d number, else None."""
+    if isinstance(value, bool | np.bool_):
+        return int(value)
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, np.ndarray | np.generic) and value.ndim == 0:
+        if value.dtype.kind in "biu":
+            return int(value)
+        if value.dtype.kind == "f":
+            return float(value)
+    return None
+
+
+class History:
+    """The committed logs of a run: one row per step that logged.
+
+    Values are kept on device when committed and brought to the host in batches,
+    `lag` steps behind (or all at once when read), so committing never blocks on
+    the device. Storage is column-wise: a logged scalar costs ~16 bytes.
+
+    Args:
+        lag: how many committed steps may stay on device before the oldest half is
+            fetched in one `jax.device_get`.
+
+    Example:
+        >>> import ciclo
+        >>> history = ciclo.history()
+        >>> elapsed = ciclo.Elapsed.create()
+        >>> for i in range(3):
+        ...     logs = ciclo.logs()
+        ...     logs.add_metric("loss", 1.0 / (i + 1))
+        ...     history.commit(elapsed, logs)
+        ...     elapsed = elapsed.update(batch_size=8)
+        >>> history.collect("steps", "loss")
+        ([0, 1, 2], [1.0, 0.5, 0.3333333333333333])
+    """
+
+    def __init__(self, lag: int = 64):
+        if not isinstance(lag, int) or lag < 1:
+            raise ValueError(f"`lag` must be a positive int, got {lag!r}.")
+        self.lag = lag
+        self._rows = 0
+        self._columns: dict[tuple[str, str], _Column] = {}
+        self._pending: list[tuple[int, list[tuple[str, str]], list[Any]]] = []
+
+    # -- writing ------------------------------------------------------------------
+    def commit(self, elapsed: Elapsed, logs: Logs) -> None:
+        """Appends one row: the `elapsed` fields plus every entry of `logs`.
+
+        Values are not converted here; they reach the host lagged.
+        """
+        keys, values = [], []
+        for collection, name, value in logs.entries():
+            keys.append((collection, name))
+            values.append(value)
+        row = self._rows
+        self._rows += 1
+        for name in _ELAPSED_FIELDS:
+            self._column((ELAPSED, name)).append(row, getattr(elapsed, name))
+        self._pending.append((row, keys, values))
+        if len(self._pending) >= 2 * self.lag:
+            self._flush(self.lag)
+
+    def _column(self, key: tuple[str, str]) -> _Column:
+        column = self._columns.get(key)
+        if column is None:
+            column = self._columns[key] = _Column()
+        return column
+
+    def _flush(self, count: int | None = None) -> None:
+        pending = self._pending[:count] if count is not None else self._pending
+        if not pending:
+            return
+        fetched = jax.device_get([values for _, _, values in pending])
+        for (row, keys, _), values in zip(pending, fetched):
+            for key, value in zip(keys, values):
+                self._column(key).append(row, value)
+        self._pending = self._pending[len(pending) :]
+
+    # -- reading ------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._rows
+
+    def keys(self) -> list[str]:
+        """Every key ever logged, as `"collection.name"` (the elapsed ones included)."""
+        self._flush()
+        return [f"{c}.{n}" for c, n in self._columns]
+
+    def _resolve(self, key: str) -> tuple[str, str]:
+        collection, sep, name = key.partition(".")
+        if sep:
+            if (collection, name) not in self._columns:
+                raise KeyError(f"No entry {key!r} in history; keys: {self.keys()}.")
+            return collection, name
+        found = [(c, n) for c, n in self._columns if n == key]
+        if not found:
+            raise KeyError(f"No entry {key!r} in history; keys: {self.keys()}.")
+        if len(found) > 1:
+            options = ", ".join(f"'{c}.{n}'" for c, n in found)
+            raise ValueError(
+                f"Key {key!r} is ambiguous: it is in collections "
+                f"{[c for c, _ in found]}. Use one of {options}."
+            )
+        return found[0]
+
+    def collect(self, key: str, *keys: str) -> list[Any] | tuple[list[Any], ...]:
+        """Aligned lists of values over the steps where ALL `keys` were logged.
+
+        Keys are bare entry names (`"loss"`, `"steps"`) or `"collection.name"`.
+
+        Returns:
+            A list for one key, a tuple of lists for several.
+
+        Raises:
+            KeyError: if a key was never logged (the message lists what was).
+            ValueError: if a bare name lives in several collections.
+        """
+        self._flush()
+        columns = [self._columns[self._resolve(k)] for k in (key, *keys)]
+        if len(columns) == 1:
+            return (
+                columns[0].values.tolist()
+                if isinstance(columns[0].values, array.array)
+                else list(columns[0].values)
+            )
+        common = np.asarray(columns[0].rows)
+        for column in columns[1:]:
+            common = np.intersect1d(common, np.asarray(column.rows), assume_unique=True)
+        out = []
+        for column in columns:
+            rows = np.asarray(column.rows)
+            index = np.searchsorted(rows, common)
+            values = column.values
+            out.append([values[i] for i in index.tolist()])
+        return tuple(out)
+
+    def __getitem__(self, index: int) -> Logs:
+        """The logs of row `index` (negative indices count from the end)."""
+        if not -self._rows <= index < self._rows:
+            raise IndexError(f"History has {self._rows} rows, got index {index}.")
+        row = index % self._rows
+        self._flush()
+        logs = Logs()
+        for (collection, name), column in self._columns.items():
+            i = int(np.searchsorted(np.asarray(column.rows), row))
+            if i < len(column.rows) and column.rows[i] == row:
+                logs.add_entry(collection, name, column.values[i])
+        return logs
+
+    def __iter__(self) -> Iterator[Logs]:
+        for i in range(self._rows):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return f"History(rows={self._rows}, keys={len(self._columns)})"
+
+
+def history(lag: int = 64) -> History:
+    """Creates an empty `History`.
+
+    Example:
+        >>> import ciclo
+        >>> len(ciclo.history())
+        0
+    """
+    return History(lag=lag)

@@ -1,0 +1,231 @@
+"""`Logs`: a pytree dict of collections (`losses`, `metrics`, ...) to dicts of entries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+
+__all__ = ["Entries", "Logs", "logs"]
+
+LOSSES = "losses"
+METRICS = "metrics"
+STATEFUL_METRICS = "stateful_metrics"
+OUTPUTS = "outputs"
+
+
+class Entries(dict):
+    """One collection of a `Logs`: `name -> value`, with attribute access."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(
+                f"No entry {name!r} in this collection; entries: {sorted(self)}."
+            ) from None
+
+
+class Logs(dict):
+    """What a step reports: a dict of collections to dicts of entries; a JAX pytree.
+
+    Collections are any names; `losses`, `metrics`, `stateful_metrics` and
+    `outputs` have helper methods. A `Logs` can be returned from `jax.jit`.
+
+    Example:
+        >>> import ciclo
+        >>> logs = ciclo.logs()
+        >>> logs.add_loss("loss", 0.5, add_metric=True)
+        >>> logs.add_metric("accuracy", 0.9)
+        >>> logs.losses.loss, logs.entry_value("metrics.accuracy")
+        (0.5, 0.9)
+    """
+
+    def __init__(self, collections: Mapping[str, Mapping[str, Any]] | None = None):
+        super().__init__()
+        if collections:
+            self.merge(collections)
+
+    def __getattr__(self, name: str) -> Entries:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(
+                f"Logs has no collection {name!r}; collections: {sorted(self)}."
+            ) from None
+
+    # -- adding -------------------------------------------------------------------
+    def add_entry(self, collection: str, name: str, value: Any) -> None:
+        """Sets `self[collection][name] = value`."""
+        entries = self.get(collection)
+        if entries is None:
+            entries = self[collection] = Entries()
+        entries[name] = value
+
+    def add_entries(
+        self, collection: str, values: Mapping[str, Any] | None = None, /, **kwargs
+    ) -> None:
+        """Adds several entries to `collection` (from a mapping and/or keywords)."""
+        for name, value in {**(values or {}), **kwargs}.items():
+            self.add_entry(collection, name, value)
+
+    def add_metric(self, name: str, value: Any) -> None:
+        """Adds `value` to the `metrics` collection."""
+        self.add_entry(METRICS, name, value)
+
+    def add_metrics(self, values: Mapping[str, Any] | None = None, /, **kwargs) -> None:
+        """Adds several entries to the `metrics` collection."""
+        self.add_entries(METRICS, values, **kwargs)
+
+    def add_loss(self, name: str, value: Any, *, add_metric: bool = False) -> None:
+        """Adds `value` to `losses` (and to `metrics` too with `add_metric=True`)."""
+        self.add_entry(LOSSES, name, value)
+        if add_metric:
+            self.add_entry(METRICS, name, value)
+
+    def add_losses(
+        self,
+        values: Mapping[str, Any] | None = None,
+        /,
+        *,
+        add_metrics: bool = False,
+        **kwargs,
+    ) -> None:
+        """Adds several losses (and metrics too with `add_metrics=True`)."""
+        for name, value in {**(values or {}), **kwargs}.items():
+            self.add_loss(name, value, add_metric=add_metrics)
+
+    def add_stateful_metric(self, name: str, value: Any) -> None:
+        """Adds `value` to the `stateful_metrics` collection."""
+        self.add_entry(STATEFUL_METRICS, name, value)
+
+    def add_stateful_metrics(
+        self, values: Mapping[str, Any] | None = None, /, **kwargs
+    ) -> None:
+        """Adds several entries to the `stateful_metrics` collection."""
+        self.add_entries(STATEFUL_METRICS, values, **kwargs)
+
+    def add_output(self, name: str, value: Any) -> None:
+        """Adds `value` to the `outputs` collection."""
+        self.add_entry(OUTPUTS, name, value)
+
+    def add_outputs(self, values: Mapping[str, Any] | None = None, /, **kwargs) -> None:
+        """Adds several entries to the `outputs` collection."""
+        self.add_entries(OUTPUTS, values, **kwargs)
+
+    # -- combining ----------------------------------------------------------------
+    def merge(self, other: Mapping[str, Mapping[str, Any]] | None) -> Logs:
+        """Merges `other` into this `Logs` in place (entries of `other` win); returns self.
+
+        Raises:
+            TypeError: if `other` is not a mapping of collections to mappings.
+        """
+        if other is None:
+            return self
+        if not isinstance(other, Mapping):
+            raise TypeError(
+                f"Can only merge a Logs or a dict of collections, got "
+                f"{type(other).__name__}."
+            )
+        for collection, entries in other.items():
+            if not isinstance(entries, Mapping):
+                raise TypeError(
+                    f"Collection {collection!r} must map entry names to values, got "
+                    f"{type(entries).__name__}: {entries!r}. Use "
+                    f"logs.add_entry({collection!r}, name, value)."
+                )
+        for collection, entries in other.items():
+            target = self.get(collection)
+            if target is None:
+                self[collection] = Entries(entries)
+            else:
+                target.update(entries)
+        return self
+
+    @property
+    def updates(self) -> None:
+        raise AttributeError("`Logs.updates` is write-only: `logs.updates = other`.")
+
+    @updates.setter
+    def updates(self, other: Mapping[str, Mapping[str, Any]] | None) -> None:
+        self.merge(other)
+
+    # -- reading ------------------------------------------------------------------
+    def entries(self) -> Iterator[tuple[str, str, Any]]:
+        """Iterates `(collection, name, value)` over every entry."""
+        for collection, values in self.items():
+            for name, value in values.items():
+                yield collection, name, value
+
+    def entry_value(self, name: str) -> Any:
+        """The value of entry `name` (bare) or `"collection.name"`.
+
+        Raises:
+            KeyError: if no such entry exists (the message lists the entries).
+            ValueError: if a bare name lives in several collections.
+        """
+        collection, sep, entry = name.partition(".")
+        if sep:
+            if collection in self and entry in self[collection]:
+                return self[collection][entry]
+            raise KeyError(
+                f"No entry {name!r} in these logs; entries: {self._names()}."
+            )
+        found = [c for c, values in self.items() if name in values]
+        if not found:
+            raise KeyError(
+                f"No entry {name!r} in these logs; entries: {self._names()}."
+            )
+        if len(found) > 1:
+            options = ", ".join(f"'{c}.{name}'" for c in found)
+            raise ValueError(
+                f"Entry {name!r} is ambiguous: it is in collections {found}. "
+                f"Use one of {options}."
+            )
+        return self[found[0]][name]
+
+    def _names(self) -> list[str]:
+        return [f"{c}.{n}" for c, n, _ in self.entries()]
+
+
+def logs(collections: Mapping[str, Mapping[str, Any]] | None = None) -> Logs:
+    """Creates an empty `Logs` (or one holding a copy of `collections`).
+
+    Example:
+        >>> import ciclo
+        >>> logs = ciclo.logs()
+        >>> logs.add_metrics(accuracy=0.9)
+        >>> dict(logs.metrics)
+        {'accuracy': 0.9}
+    """
+    return Logs(collections)
+
+
+def _flatten_dict(d: dict):
+    keys = tuple(d.keys())
+    return tuple((jax.tree_util.DictKey(k), d[k]) for k in keys), keys
+
+
+def _flatten_dict_fast(d: dict):
+    keys = tuple(d.keys())
+    return tuple(d[k] for k in keys), keys
+
+
+def _unflatten(cls):
+    def unflatten(keys, children):
+        out = cls()
+        dict.update(out, zip(keys, children))
+        return out
+
+    return unflatten
+
+
+for _cls in (Entries, Logs):
+    jax.tree_util.register_pytree_with_keys(
+        _cls, _flatten_dict, _unflatten(_cls), _flatten_dict_fast
+    )

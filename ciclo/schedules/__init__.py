@@ -1,0 +1,3 @@
+"""Schedules: callables `elapsed -> bool` deciding when callbacks run."""
+
+from ciclo.schedules.base import Schedule, fresh
