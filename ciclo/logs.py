@@ -52,6 +52,10 @@ class Logs(dict):
     def __getattr__(self, name: str) -> Entries:
         if name.startswith("__"):
             raise AttributeError(name)
+        if name == "updates":
+            raise AttributeError(
+                "`Logs.updates` is write-only: `logs.updates = other`."
+            )
         try:
             return self[name]
         except KeyError:
@@ -147,13 +151,12 @@ class Logs(dict):
                 target.update(entries)
         return self
 
-    @property
-    def updates(self) -> None:
-        raise AttributeError("`Logs.updates` is write-only: `logs.updates = other`.")
-
-    @updates.setter
-    def updates(self, other: Mapping[str, Mapping[str, Any]] | None) -> None:
+    def _set_updates(self, other: Mapping[str, Mapping[str, Any]] | None) -> None:
         self.merge(other)
+
+    updates = property(
+        None, _set_updates, doc="Write-only: `logs.updates = other` merges `other`."
+    )
 
     # -- reading ------------------------------------------------------------------
     def entries(self) -> Iterator[tuple[str, str, Any]]:

@@ -24,7 +24,7 @@ class LoopElement:
     Example:
         >>> import ciclo
         >>> class Printer(ciclo.callbacks.LoopElement):
-        ...     def __call__(self, elapsed):
+        ...     def __call__(self, state, batch, elapsed):
         ...         print(elapsed.steps)
         >>> _ = ciclo.loop(None, range(2), {**Printer()})
         0
