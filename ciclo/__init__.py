@@ -5,6 +5,7 @@ from ciclo.logs import Logs, logs
 from ciclo.schedules.base import Schedule
 
 # --- schedules (issue 2) ---
+from ciclo.schedules import after, always, every, never, piecewise
 
 # --- history and loop (issue 2) ---
 from ciclo.history import History, history
