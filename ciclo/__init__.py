@@ -13,6 +13,31 @@ from ciclo.loop import LoopState, loop
 from ciclo import callbacks
 
 # --- callbacks, predefined loops and named schedules (issue 3) ---
+from ciclo.loops import (
+    on_epoch_end,
+    on_predict_batch_begin,
+    on_predict_batch_end,
+    on_predict_begin,
+    on_predict_end,
+    on_predict_step,
+    on_reset_step,
+    on_test_batch_begin,
+    on_test_batch_end,
+    on_test_begin,
+    on_test_end,
+    on_test_step,
+    on_train_batch_begin,
+    on_train_batch_end,
+    on_train_begin,
+    on_train_end,
+    on_train_step,
+    predict_loop,
+    test_loop,
+    train_loop,
+)
+from ciclo.callbacks.early_stopping import early_stopping
+from ciclo.callbacks.inner_loop import inner_loop
+from ciclo.callbacks.noop import noop
 
 # --- managed API and strategies (issue 4) ---
 

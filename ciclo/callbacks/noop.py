@@ -1,0 +1,36 @@
+"""`noop`: the callback that does nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["NoOp", "noop"]
+
+
+class NoOp:
+    """A callback that does nothing; `ciclo.noop` is its single instance.
+
+    Use it as a placeholder in a task list or where a callback is required, e.g.
+    `checkpoint_cb = ciclo.checkpoint(...) if save else ciclo.noop`. Called by hand
+    with any arguments it returns None.
+
+    Example:
+        >>> import ciclo
+        >>> state, history, elapsed = ciclo.loop(7, range(3), {ciclo.every(1): ciclo.noop})
+        >>> state, elapsed.steps, len(history)
+        (7, 3, 0)
+        >>> ciclo.noop(1, 2, logs=None) is None
+        True
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __loop_callback__(self, loop_state: Any) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "ciclo.noop"
+
+
+noop = NoOp()

@@ -1,0 +1,45 @@
+"""Predefined loops (`train_loop`, `test_loop`, `predict_loop`) and named schedules."""
+
+from ciclo.loops.named import (
+    on_epoch_end,
+    on_predict_batch_begin,
+    on_predict_batch_end,
+    on_predict_begin,
+    on_predict_end,
+    on_predict_step,
+    on_reset_step,
+    on_test_batch_begin,
+    on_test_batch_end,
+    on_test_begin,
+    on_test_end,
+    on_test_step,
+    on_train_batch_begin,
+    on_train_batch_end,
+    on_train_begin,
+    on_train_end,
+    on_train_step,
+)
+from ciclo.loops.predefined import predict_loop, test_loop, train_loop
+
+__all__ = [
+    "on_epoch_end",
+    "on_predict_batch_begin",
+    "on_predict_batch_end",
+    "on_predict_begin",
+    "on_predict_end",
+    "on_predict_step",
+    "on_reset_step",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_test_step",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_train_step",
+    "predict_loop",
+    "test_loop",
+    "train_loop",
+]

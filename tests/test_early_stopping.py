@@ -1,0 +1,115 @@
+"""early_stopping (and the shared Monitor): patience, min_delta, mode, baseline,
+restore_best_weights, in train_loop and by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import ciclo
+
+
+@dataclasses.dataclass
+class State:
+    n: int
+    w: np.ndarray  # mutated in place: a restored best state must be a copy
+
+    def train_step(self, batch):
+        self.w += 1
+        return State(self.n + 1, self.w)
+
+    def test_step(self, batch):
+        logs = ciclo.logs()
+        logs.add_loss("loss", float((self.n - 6) ** 2), add_metric=True)
+        return logs
+
+
+def _train(es, **kwargs):
+    return ciclo.train_loop(
+        State(0, np.zeros(2)),
+        range(100),
+        callbacks=[es],
+        test_dataset=lambda: [0],
+        epoch_duration=2,
+        **kwargs,
+    )
+
+
+def test_stops_and_restores_best_weights():
+    # test loss after batches 2, 4, 6, 8, 10: 16, 4, 0 (best, at step 5), 4, 16
+    es = ciclo.early_stopping("loss_test", patience=4, restore_best_weights=True)
+    state, history, elapsed = _train(es)
+    assert elapsed.steps == 10  # stopped at the epoch end 4 steps after the best
+    assert es.best == 0.0 and es.best_elapsed.steps == 5
+    assert es.stopped_elapsed.steps == 9
+    assert state.n == 6
+    np.testing.assert_array_equal(state.w, [6.0, 6.0])
+    assert history.collect("metrics.loss_test")[-1] == 16.0
+
+    es = ciclo.early_stopping("metrics.loss_test", patience=4)
+    state, _, _ = _train(es)
+    assert state.n == 10  # no restoring by default
+
+    # the same object reused in another loop starts fresh (on_train_begin)
+    state, _, elapsed = _train(es, stop=6)
+    assert elapsed.steps == 6 and es.stopped_elapsed is None
+
+
+def test_explicit_task_and_missing_metric_error():
+    es = ciclo.early_stopping("loss_test", patience=0)
+    _, _, elapsed = ciclo.train_loop(
+        State(0, np.zeros(2)),
+        range(100),
+        {ciclo.on_epoch_end: es},
+        test_dataset=lambda: [0],
+        epoch_duration=2,
+    )
+    assert elapsed.steps == 8  # first non-improvement, after batch 8
+
+    es = ciclo.early_stopping("accuracy_test", patience=2)
+    with pytest.raises(ValueError, match="'accuracy_test' was not logged") as info:
+        _train(es)
+    assert "metrics.loss_test" in str(info.value)
+
+
+def test_mode_max_min_delta_by_hand():
+    es = ciclo.early_stopping("accuracy", patience=2, mode="max", min_delta=0.02)
+    stops = []
+    for step, value in enumerate([0.5, 0.6, 0.605, 0.61, 0.7]):
+        logs = ciclo.logs()
+        logs.add_metric("accuracy", np.float32(value))
+        stop, state = es(ciclo.Elapsed.create(steps=step), "s", logs)
+        assert state == "s"
+        stops.append(stop)
+    assert stops == [False, False, False, True, False]  # 0.7 improves again
+    assert es.best == pytest.approx(0.7)
+
+
+def test_baseline_and_period_patience():
+    es = ciclo.early_stopping(
+        "loss", patience=2, baseline=1.0, restore_best_weights=True
+    )
+    logs = ciclo.logs({"metrics": {"loss": 2.0}})
+    results = [es(ciclo.Elapsed.create(steps=s), s, logs) for s in range(3)]
+    assert results == [(False, 0), (False, 1), (True, 2)]  # nothing beat the baseline
+    assert es.best == 1.0
+
+    es = ciclo.early_stopping("loss", patience=ciclo.at(samples=20))
+    for samples, loss, expected in [(0, 1.0, False), (10, 1.0, False), (20, 1.0, True)]:
+        elapsed = ciclo.Elapsed.create(steps=samples, samples=samples)
+        assert es(elapsed, None, {"metrics": {"loss": loss}})[0] is expected
+
+
+def test_validation():
+    with pytest.raises(ValueError, match="'min' .* or 'max'"):
+        ciclo.early_stopping("loss", 1, mode="best")
+    with pytest.raises(ValueError, match="min_delta"):
+        ciclo.early_stopping("loss", 1, min_delta=-1)
+    with pytest.raises(TypeError, match="patience"):
+        ciclo.early_stopping("loss", 1.5)
+    with pytest.raises(ValueError, match="date"):
+        ciclo.early_stopping("loss", ciclo.at(date=1e9))
+    with pytest.raises(TypeError, match="monitor"):
+        ciclo.early_stopping(None, 1)
