@@ -38,6 +38,9 @@ from ciclo.loops import (
 from ciclo.callbacks.early_stopping import early_stopping
 from ciclo.callbacks.inner_loop import inner_loop
 from ciclo.callbacks.noop import noop
+from ciclo.callbacks.keras_bar import keras_bar
+from ciclo.callbacks.tqdm_bar import tqdm_bar
+from ciclo.callbacks.checkpoint import checkpoint, restore
 
 # --- managed API and strategies (issue 4) ---
 

@@ -30,6 +30,10 @@ class LoopState:
         accumulated_logs: every entry seen so far in this loop, latest value.
         metadata: the `metadata` given to `loop`.
         stop_iteration: set it to True to end the loop after the current callback.
+        in_step: True while a batch's tasks run (the state may already include the
+            batch, so it counts `elapsed.update(batch_size)`); False in `on_start`
+            and `on_end`. Used by `checkpoint` to record what the state consumed.
+        batch_size_fn: the loop's `batch_size_fn` (None: first axis of the leaves).
     """
 
     state: Any
@@ -40,6 +44,8 @@ class LoopState:
     accumulated_logs: Logs
     metadata: Any
     stop_iteration: bool = False
+    in_step: bool = False
+    batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None
 
 
 Runner = Callable[[LoopState], None]
@@ -235,6 +241,7 @@ def loop(
     history = History() if history is None else history
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
     ls = LoopState(state, None, initial, history, Logs(), Logs(), metadata)
+    ls.batch_size_fn = batch_size_fn
     progress = _Progress(initial)
     try:
         _run(ls, progress, iter(dataset), plan, start, stop_period, batch_size_fn)
@@ -247,7 +254,7 @@ def loop(
         _finalize(finalizers, ls)
         raise
     current = progress.elapsed
-    ls.elapsed, ls.logs = current, Logs()
+    ls.elapsed, ls.logs, ls.in_step = current, Logs(), False
     try:
         for run in end:
             run(ls)
@@ -296,6 +303,7 @@ def _run(ls, progress, iterator, plan, start, stop_period, batch_size_fn) -> Non
             first = False
             for run in start:
                 run(ls)
+        ls.in_step = True
         for schedule, runners in plan:
             if ls.stop_iteration:
                 break
@@ -307,6 +315,6 @@ def _run(ls, progress, iterator, plan, start, stop_period, batch_size_fn) -> Non
         if ls.logs:
             history.commit(current, ls.logs)
         current = progress.elapsed = current.update(batch_size(batch, batch_size_fn))
-        progress.in_step = False
+        progress.in_step = ls.in_step = False
         if ls.stop_iteration:
             return

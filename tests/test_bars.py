@@ -1,0 +1,228 @@
+"""Progress bars: keras_bar (pkbar) and tqdm_bar."""
+
+import io
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+
+
+@jax.jit
+def train_step(state, batch):
+    logs = ciclo.logs()
+    logs.add_loss("loss", 1.0 / (state + 1.0), add_metric=True)  # in both
+    logs.add_metric("acc", state / 10.0)
+    return logs, state + 1.0
+
+
+@jax.jit
+def heavy_step(state, batch):
+    # tens of ms of device work per step: the device falls behind the host
+    def body(_, m):
+        return jnp.tanh(m @ m / m.shape[0])
+
+    m = jax.lax.fori_loop(0, 16, body, jnp.full((192, 192), state) + batch)
+    logs = ciclo.logs()
+    logs.add_loss("loss", m.mean())
+    return logs, state + 1.0
+
+
+def batches(n, size=1):
+    return [np.zeros((size,), np.float32) for _ in range(n)]
+
+
+def last_line(text):
+    """The last line drawn (pkbar redraws in place with \\b and \\r)."""
+    return text.replace("\b", "").split("\r")[-1]
+
+
+def keras_run(capsys, bar, n=10, size=1, **loop_kwargs):
+    _, _, elapsed = ciclo.loop(
+        jnp.float32(0),
+        batches(n, size),
+        {ciclo.every(1): [train_step, bar]},
+        **loop_kwargs,
+    )
+    return capsys.readouterr().out, elapsed
+
+
+# -- keras_bar ---------------------------------------------------------------------
+
+
+def test_keras_bar_shows_final_losses_and_metrics_once_and_closes(capsys):
+    bar = ciclo.keras_bar(total=10)
+    out, _ = keras_run(capsys, bar)
+    line = last_line(out)
+    assert line.startswith("10/10 [==============================]")
+    # "loss" is a loss and a metric: shown once; values are those of the last step
+    assert line.count("loss:") == 1
+    assert "loss: 0.1000" in line and "acc: 0.9000" in line
+    assert out.endswith("\n") and bar.closed
+
+
+def test_keras_bar_spreads_and_self_registers_in_train_loop(capsys):
+    bar = ciclo.keras_bar(total=6)
+    spread = {**bar}
+    assert list(spread.values()) == [[bar]] and spread.keys()
+    assert bar.on_train_batch_end is bar
+    ciclo.train_loop(
+        jnp.float32(0),
+        batches(6),
+        {ciclo.on_train_step: train_step},
+        callbacks=[bar],
+        stop=6,
+    )
+    line = last_line(capsys.readouterr().out)
+    assert line.startswith("6/6 [") and "acc: 0.5000" in line and bar.closed
+
+
+def test_keras_bar_throttles_redraws(capsys):
+    out, _ = keras_run(capsys, ciclo.keras_bar(total=10, interval=60.0))
+    # the first step and the final line; nothing in between
+    assert out.count("/10 [") == 2
+    out, _ = keras_run(capsys, ciclo.keras_bar(total=10, interval=0.0))
+    assert out.count("/10 [") == 10
+
+
+def test_keras_bar_total_in_samples_and_eta(capsys):
+    bar = ciclo.keras_bar(total=ciclo.at(samples=40), interval=0.0)
+    out, elapsed = keras_run(capsys, bar, n=10, size=4)
+    assert elapsed.samples == 40
+    assert "4/40 [" in out and "ETA:" in out  # counts samples; ETA while running
+    assert last_line(out).startswith("40/40 [")
+
+
+def test_keras_bar_total_in_time_counts_seconds(capsys):
+    now = time.time()
+    # 30 s into a run of 60 s (by hand; a manual call counts the batch just done)
+    elapsed = ciclo.Elapsed(steps=5, samples=5, date=now, date_start=now - 30.0)
+    bar = ciclo.keras_bar(total=ciclo.at(time=60))
+    bar(elapsed, {"losses": {"loss": 1.5}})
+    line = last_line(capsys.readouterr().out)
+    assert line.startswith("30/60 [") and "ETA:" in line and "loss: 1.5000" in line
+    bar.close()
+    assert bar.closed and capsys.readouterr().out.endswith("\n")
+
+
+def test_keras_bar_period_with_several_fields_follows_the_nearest(capsys):
+    # samples (40) are reached long before steps (1000): the bar follows samples
+    bar = ciclo.keras_bar(total=ciclo.at(steps=1000, samples=40), interval=0.0)
+    out, _ = keras_run(capsys, bar, n=10, size=4, stop=ciclo.at(samples=40))
+    assert last_line(out).startswith("40/40 [")
+
+
+def test_keras_bar_resumed_run_counts_from_restored_elapsed(capsys):
+    bar = ciclo.keras_bar(total=10, interval=0.0)
+    out, elapsed = keras_run(
+        capsys, bar, n=4, elapsed=ciclo.Elapsed.create(steps=6, samples=6)
+    )
+    assert elapsed.steps == 10
+    assert " 7/10 [" in out and last_line(out).startswith("10/10 [")
+
+
+def test_keras_bar_closes_cleanly_on_ctrl_c(capsys):
+    def interrupt(state, batch, elapsed):
+        if elapsed.steps == 3:
+            raise KeyboardInterrupt
+
+    bar = ciclo.keras_bar(total=10, interval=0.0)
+    _, _, elapsed = ciclo.loop(
+        jnp.float32(0), batches(10), {ciclo.every(1): [train_step, bar, interrupt]}
+    )
+    out = capsys.readouterr().out
+    assert bar.closed and out.endswith("\n")  # the line is ended, not left open
+    line = last_line(out)
+    assert line.startswith(" 4/10 [") and "acc: 0.3000" in line
+    assert elapsed.steps == 4
+
+
+def test_keras_bar_by_hand_finishes_at_total_or_on_close(capsys):
+    bar = ciclo.keras_bar(total=5, interval=0.0)
+    for elapsed, batch in ciclo.elapse(batches(5)):
+        logs = ciclo.logs()
+        logs.add_metric("acc", elapsed.steps / 10)
+        bar(elapsed, logs)
+    out = capsys.readouterr().out
+    assert bar.closed and last_line(out).startswith("5/5 [") and "acc: 0.4000" in out
+    early = ciclo.keras_bar(total=5)
+    early(ciclo.Elapsed.create(), {"losses": {"loss": 2.0}})
+    assert not early.closed
+    early.close()
+    out = capsys.readouterr().out
+    assert early.closed and out.endswith("\n") and "loss: 2.0000" in last_line(out)
+
+
+def test_bar_reads_values_lagged_without_syncing_each_step(capsys):
+    heavy_step(jnp.float32(0), np.float32(0))  # compile outside the loop
+    seen_ready = []
+
+    def spy(state, batch, elapsed, loop_state):
+        # runs right after the bar: had the bar synced on this step's loss, it
+        # would be ready here
+        seen_ready.append(loop_state.logs.losses.loss.is_ready())
+
+    bar = ciclo.keras_bar(total=12, interval=0.0)
+    with jax.transfer_guard_device_to_host("disallow"):  # no implicit float(x)
+        ciclo.loop(
+            jnp.float32(0),
+            [np.float32(0)] * 12,
+            {ciclo.every(1): [heavy_step, bar, spy]},
+        )
+    assert not all(seen_ready), seen_ready
+    out = capsys.readouterr().out
+    # while running, pending values are simply not shown yet; the final line
+    # (a single sync at the end) has the last step's loss
+    logs, _ = heavy_step(jnp.float32(11), np.float32(0))
+    final = float(logs.losses.loss)
+    shown = f"{final:.4f}" if abs(final) > 1e-3 else f"{final:.4e}"  # pkbar's format
+    assert f"loss: {shown}" in last_line(out)
+
+
+def test_bar_arguments_are_validated():
+    with pytest.raises(TypeError, match="total"):
+        ciclo.keras_bar(total="100")
+    with pytest.raises(ValueError, match="positive"):
+        ciclo.keras_bar(total=0)
+    with pytest.raises(ValueError, match="interval"):
+        ciclo.tqdm_bar(interval=-1)
+    with pytest.raises(TypeError, match="initial"):
+        ciclo.tqdm_bar(total=10, initial=3)
+
+
+# -- tqdm_bar ----------------------------------------------------------------------
+
+
+def test_tqdm_bar_postfix_total_and_close():
+    out = io.StringIO()
+    bar = ciclo.tqdm_bar(total=ciclo.at(samples=40), file=out, interval=0.0)
+    ciclo.loop(jnp.float32(0), batches(10, size=4), {ciclo.every(1): train_step, **bar})
+    text = out.getvalue()
+    final = text.split("\r")[-1]
+    assert "40/40" in final and "sample" in final
+    assert "loss=0.1" in final and final.count("loss=") == 1 and "acc=0.9" in final
+    assert bar.closed and text.endswith("\n")
+
+
+def test_tqdm_bar_self_registers_and_closes_on_ctrl_c():
+    out = io.StringIO()
+    bar = ciclo.tqdm_bar(total=10, file=out, interval=0.0)
+    assert bar.on_train_batch_end is bar
+
+    def interrupt(state, batch, elapsed):
+        if elapsed.steps == 2:
+            raise KeyboardInterrupt
+
+    ciclo.train_loop(
+        jnp.float32(0),
+        batches(10),
+        {ciclo.on_train_step: [train_step, interrupt]},
+        callbacks=[bar],
+        stop=10,
+    )
+    text = out.getvalue()
+    assert bar.closed and text.endswith("\n")
+    assert "3/10" in text.split("\r")[-1]

@@ -1,0 +1,216 @@
+"""checkpoint / restore on orbax-checkpoint: retention, round trip, resume, errors."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ciclo
+
+TX = optax.adam(0.1)
+
+
+def init_state():
+    params = {"w": jnp.zeros((3,)), "b": jnp.zeros(())}
+    return {"params": params, "opt_state": TX.init(params)}
+
+
+@jax.jit
+def train_step(state, batch):
+    x, y = batch
+
+    def loss_fn(params):
+        return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+    updates, opt_state = TX.update(grads, state["opt_state"], state["params"])
+    logs = ciclo.logs()
+    logs.add_loss("loss", loss)
+    new = {
+        "params": optax.apply_updates(state["params"], updates),
+        "opt_state": opt_state,
+    }
+    return logs, new
+
+
+def data(n):
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(n):
+        x = rng.normal(size=(4, 3)).astype(np.float32)
+        out.append((x, x @ np.array([1.0, -2.0, 0.5], np.float32) + 0.3))
+    return out
+
+
+def assert_trees_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        assert np.asarray(x).dtype == np.asarray(y).dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def finished_steps(directory):
+    """Step directories fully written (orbax writes to a tmp dir, then renames)."""
+    names = os.listdir(directory)
+    assert not [n for n in names if "tmp" in n], names
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def scored(values, name="score"):
+    """A step that logs `values[i]` at step i as metric `name`."""
+
+    def step(state, batch, elapsed):
+        logs = ciclo.logs()
+        logs.add_metric(name, values[elapsed.steps])
+        return logs, {"x": jnp.asarray(elapsed.steps, jnp.int32)}
+
+    return step
+
+
+def test_round_trip_and_resume_neither_repeats_nor_skips(tmp_path):
+    batches = data(6)
+    ckpt = ciclo.checkpoint(tmp_path)
+    state, _, elapsed = ciclo.loop(
+        init_state(),
+        batches,
+        {ciclo.every(1): train_step, ciclo.every(2): ckpt},
+        stop=3,
+    )
+    # saved after batches 0 and 2; keep=1 leaves the latest; finished on return
+    assert finished_steps(tmp_path) == [3]
+    restored, restored_elapsed = ciclo.restore(tmp_path, init_state())
+    assert_trees_equal(restored, state)  # params, opt state (types and dtypes too)
+    assert type(restored["opt_state"][0]) is type(state["opt_state"][0])
+    assert (restored_elapsed.steps, restored_elapsed.samples) == (3, 12)
+    assert 0 < restored_elapsed.time <= elapsed.time  # training time is kept
+
+    resumed, _, resumed_elapsed = ciclo.train_loop(
+        restored,
+        batches[restored_elapsed.steps :],
+        {ciclo.on_train_step: train_step},
+        elapsed=restored_elapsed,
+        stop=6,
+    )
+    straight, _, _ = ciclo.loop(init_state(), batches, {ciclo.every(1): train_step})
+    assert resumed_elapsed.steps == 6
+    assert_trees_equal(resumed, straight)
+
+
+def test_keep_best_by_monitor_and_always_the_latest(tmp_path):
+    values = [0.5, 0.9, 0.7, 0.1, 0.2]
+    ckpt = ciclo.checkpoint(tmp_path, monitor="score", mode="max", keep=2)
+    ciclo.loop({"x": jnp.int32(0)}, range(5), {ciclo.every(1): [scored(values), ckpt]})
+    # best two: 0.9 (after batch 1 -> step 2), 0.7 (step 3); latest: step 5
+    assert finished_steps(tmp_path) == [2, 3, 5]
+    assert ckpt.best_step() == 2 and ckpt.latest_step() == 5
+    target = {"x": jnp.int32(0)}
+    state, elapsed = ciclo.restore(tmp_path, target, best=True)
+    assert (int(state["x"]), elapsed.steps) == (1, 2)
+    state, elapsed = ckpt.restore(target)  # default: the latest, to resume from
+    assert (int(state["x"]), elapsed.steps) == (4, 5)
+
+
+def test_keep_best_in_min_mode(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, monitor="metrics.score", mode="min", keep=1)
+    ciclo.loop(
+        {"x": jnp.int32(0)}, range(3), {ciclo.every(1): [scored([0.3, 0.1, 0.2]), ckpt]}
+    )
+    assert finished_steps(tmp_path) == [2, 3]
+    _, elapsed = ciclo.restore(tmp_path, best=True)
+    assert elapsed.steps == 2
+
+
+def test_missing_monitored_metric_names_it_and_lists_logged(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, monitor="accuracy_test", mode="max")
+    with pytest.raises(ValueError, match="accuracy_test") as info:
+        ciclo.loop(
+            {"x": jnp.int32(0)}, range(2), {ciclo.every(1): [scored([1, 2]), ckpt]}
+        )
+    assert "metrics.score" in str(info.value)
+    with pytest.raises(ValueError, match="logs"):
+        ckpt(ciclo.Elapsed.create(), {"x": jnp.int32(0)})  # by hand without logs
+
+
+def test_self_registers_on_epoch_end_in_train_loop(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, keep=2)
+    assert ckpt.on_epoch_end is ckpt
+    ciclo.train_loop(
+        init_state(),
+        data(4),
+        {ciclo.on_train_step: train_step},
+        callbacks=[ckpt],
+        epoch_duration=2,
+        stop=4,
+    )
+    assert finished_steps(tmp_path) == [2, 4]  # epochs end after batches 2 and 4
+
+
+def test_by_hand_counts_the_batch_just_trained_on(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+    state = init_state()
+    for elapsed, batch in ciclo.elapse(data(2)):
+        _, state = train_step(state, batch)
+        if elapsed.steps == 1:
+            ckpt(elapsed, state, batch=batch)
+    ckpt.close()
+    restored, restored_elapsed = ckpt.restore(init_state())
+    assert (restored_elapsed.steps, restored_elapsed.samples) == (2, 8)
+    assert_trees_equal(restored, state)
+
+
+def test_waits_for_async_save_when_the_loop_fails(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+
+    def fail(state, batch, elapsed):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        ciclo.loop({"x": jnp.ones((64, 64))}, range(3), {ciclo.every(1): [ckpt, fail]})
+    assert finished_steps(tmp_path) == [1]
+
+
+def test_a_directory_from_an_earlier_run_is_one_timeline(tmp_path):
+    first = ciclo.checkpoint(tmp_path, keep=3)
+    ciclo.loop(
+        {"x": jnp.int32(0)}, range(3), {ciclo.every(1): [scored([0] * 3), first]}
+    )
+    assert finished_steps(tmp_path) == [1, 2, 3]
+    again = ciclo.checkpoint(tmp_path, keep=3)
+    # a new run restarted from scratch: its step 2 replaces the old 2 and 3
+    with pytest.warns(UserWarning, match=r"steps \[2, 3\] from an earlier run"):
+        again(ciclo.Elapsed.create(steps=1), {"x": jnp.int32(7)})
+    again(ciclo.Elapsed.create(steps=1), {"x": jnp.int32(8)})  # same step: replaced
+    again.close()
+    assert finished_steps(tmp_path) == [1, 2]
+    state, elapsed = ciclo.restore(tmp_path, {"x": jnp.int32(0)})
+    assert (int(state["x"]), elapsed.steps) == (8, 2)
+
+
+def test_bare_array_state_round_trips(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+    ckpt(ciclo.Elapsed.create(), jnp.arange(3, dtype=jnp.int32))
+    state, elapsed = ckpt.restore(jnp.zeros(3, jnp.int32))
+    ckpt.close()
+    assert state.tolist() == [0, 1, 2] and state.dtype == jnp.int32
+    assert elapsed.steps == 1
+
+
+def test_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="keep"):
+        ciclo.checkpoint(tmp_path, keep=0)
+    with pytest.raises(TypeError, match="directory"):
+        ciclo.checkpoint(3)
+    with pytest.raises(ValueError, match="mode"):
+        ciclo.checkpoint(tmp_path, monitor="loss", mode="best")
+    with pytest.raises(ValueError, match="No checkpoint directory"):
+        ciclo.restore(tmp_path / "missing")
+    ckpt = ciclo.checkpoint(tmp_path)
+    ckpt(ciclo.Elapsed.create(), {"x": jnp.int32(0)})
+    with pytest.raises(ValueError, match="monitor"):
+        ckpt.restore(best=True)
+    with pytest.raises(ValueError, match="step 5"):
+        ckpt.restore(step=5)
+    ckpt.close()
