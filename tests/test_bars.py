@@ -142,7 +142,7 @@ def test_keras_bar_closes_cleanly_on_ctrl_c(capsys):
 
 def test_keras_bar_by_hand_finishes_at_total_or_on_close(capsys):
     bar = ciclo.keras_bar(total=5, interval=0.0)
-    for elapsed, batch in ciclo.elapse(batches(5)):
+    for elapsed, _batch in ciclo.elapse(batches(5)):
         logs = ciclo.logs()
         logs.add_metric("acc", elapsed.steps / 10)
         bar(elapsed, logs)

@@ -76,7 +76,7 @@ def test_getitem_and_iter_rebuild_logs():
     assert [logs.elapsed.steps for logs in history] == [0, 1]
     with pytest.raises(IndexError):
         history[2]
-    assert "elapsed.time" in history.keys() and "metrics.a" in history.keys()
+    assert "elapsed.time" in history.keys() and "metrics.a" in history.keys()  # noqa: SIM118 (History.keys is a list)
 
 
 def test_device_values_are_fetched_lagged_in_batches(monkeypatch):

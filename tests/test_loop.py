@@ -7,7 +7,7 @@ import pytest
 
 import ciclo
 
-ALWAYS = lambda elapsed: True  # noqa: E731  (a plain callable is a schedule)
+ALWAYS = lambda elapsed: True
 
 
 def _add(state, batch):
@@ -131,7 +131,7 @@ def test_bad_return_values_name_the_callback():
 
 def test_bad_tasks_are_rejected_before_anything_runs():
     ran = []
-    good = lambda s, b: ran.append(1)  # noqa: E731
+    good = lambda s, b: ran.append(1)
     with pytest.raises(
         TypeError, match="Task key 10 \\(int\\) is not a schedule.*every"
     ):

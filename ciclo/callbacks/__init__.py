@@ -1,3 +1,5 @@
-"""Callbacks shipped with ciclo, one per module."""
+"""Callbacks shipped with ciclo, one per module; `LoopElement` is their protocol."""
 
 from ciclo.callbacks.base import LoopElement
+
+__all__ = ["LoopElement"]

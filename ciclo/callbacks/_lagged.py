@@ -45,7 +45,7 @@ def _scalar(value: Any, *, wait: bool) -> Any:
             return float(np.asarray(jax.device_get(value)).reshape(()))
         # A deleted (donated) array or a failed computation: a bar must not crash
         # the loop over it; the error surfaces where the value is really used.
-        except Exception:  # noqa: BLE001
+        except Exception:
             return _SKIP
     if (
         isinstance(value, np.ndarray)
