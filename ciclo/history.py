@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ciclo.logs import Logs
@@ -41,20 +42,25 @@ class _Column:
                 values.append(scalar)
                 return
             values = self.values = list(values)
+        if isinstance(value, np.ndarray | np.generic) and value.shape == ():
+            if value.dtype.kind == "b":
+                value = bool(value)  # a singleton: 8 bytes in the list
         values.append(value)
 
 
 def _scalar(value: Any) -> int | float | None:
-    """`value` as a Python int/float when it is a real 0-d number, else None."""
-    if isinstance(value, bool | np.bool_):
-        return int(value)
-    if isinstance(value, int | float):
+    """`value` as a Python int/float when it is a real 0-d number, else None.
+
+    Booleans are kept as lists (they stay `bool` when read back).
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return value
     if isinstance(value, np.ndarray | np.generic) and value.ndim == 0:
-        if value.dtype.kind in "biu":
+        kind = value.dtype.kind
+        if kind in "iu":
             return int(value)
-        if value.dtype.kind == "f":
-            return float(value)
+        if kind == "f" or (kind == "V" and jnp.issubdtype(value.dtype, jnp.floating)):
+            return float(value)  # float16/32/64 and ml_dtypes such as bfloat16
     return None
 
 
@@ -91,11 +97,16 @@ class History:
         self._pending: list[tuple[int, list[tuple[str, str]], list[Any]]] = []
 
     # -- writing ------------------------------------------------------------------
-    def commit(self, elapsed: Elapsed, logs: Logs) -> None:
+    def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
         """Appends one row: the `elapsed` fields plus every entry of `logs`.
 
         Values are not converted here; they reach the host lagged.
+
+        Raises:
+            TypeError: if `logs` is not a dict of collections to entries.
         """
+        if not isinstance(logs, Logs):
+            logs = Logs(logs)
         keys, values = [], []
         for collection, name, value in logs.entries():
             keys.append((collection, name))
@@ -181,8 +192,11 @@ class History:
             out.append([values[i] for i in index.tolist()])
         return tuple(out)
 
-    def __getitem__(self, index: int) -> Logs:
-        """The logs of row `index` (negative indices count from the end)."""
+    def __getitem__(self, index: int | slice) -> Logs | list[Logs]:
+        """The logs of row `index` (negative indices count from the end), or a list
+        of them for a slice."""
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._rows))]
         if not -self._rows <= index < self._rows:
             raise IndexError(f"History has {self._rows} rows, got index {index}.")
         row = index % self._rows

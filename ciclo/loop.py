@@ -56,18 +56,38 @@ def _describe(obj: Any) -> str:
     return name if name else repr(obj)
 
 
-def _arity(callback: Callable[..., Any]) -> int:
+def _arity(callback: Callable[..., Any], where: str) -> int:
+    """How many of (state, batch, elapsed, loop_state) `callback` takes."""
     try:
         parameters = inspect.signature(callback).parameters.values()
     except (TypeError, ValueError):
         return 2
-    count = 0
+    count = required = 0
     for p in parameters:
         if p.kind == p.VAR_POSITIONAL:
             return _MAX_ARGS
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             count += 1
+            required += p.default is p.empty
+        elif p.kind == p.KEYWORD_ONLY and p.default is p.empty:
+            required = _MAX_ARGS + 1
+    if required > _MAX_ARGS:
+        raise TypeError(
+            f"{where} ({_describe(callback)}) requires more arguments than a callback "
+            f"gets: it is called with the first N of (state, batch, elapsed, "
+            f"loop_state); give its other parameters defaults or bind them with "
+            f"functools.partial."
+        )
     return min(count, _MAX_ARGS)
+
+
+def _bad_logs(callback: Any, logs: Any, error: Exception) -> TypeError:
+    return TypeError(
+        f"Callback {_describe(callback)} returned logs that are not a dict of "
+        f"collections to entries ({error}); got {logs!r:.200}. Build them with "
+        f"ciclo.logs() and logs.add_loss/add_metric(...), or return (None, state) "
+        f"when the first element is a state."
+    )
 
 
 def _apply(output: Any, loop_state: LoopState, callback: Any) -> None:
@@ -94,7 +114,10 @@ def _apply(output: Any, loop_state: LoopState, callback: Any) -> None:
     else:
         logs, state = None, output
     if logs:
-        loop_state.logs.merge(logs)
+        try:
+            loop_state.logs.merge(logs)
+        except TypeError as error:
+            raise _bad_logs(callback, logs, error) from None
         loop_state.accumulated_logs.merge(logs)
     if state is not None:
         loop_state.state = state
@@ -115,7 +138,7 @@ def _runner(callback: Any, where: str) -> Runner:
             f"callable; expected a function f(state, batch, elapsed, loop_state) -> "
             f"(logs, state) or an object with __loop_callback__."
         )
-    n = _arity(callback)
+    n = _arity(callback, where)
     if n == 0:
         return lambda ls: _apply(callback(), ls, callback)
     if n == 1:
@@ -238,18 +261,32 @@ def loop(
     end = _runners(on_end, "on_end")
     finalizers = _finalizers(tasks, on_start, on_end)
     stop_period = None if stop is None else as_period(stop, "stop")
-    history = History() if history is None else history
+    if history is None:
+        history = History()
+    elif not isinstance(history, History):
+        raise TypeError(
+            f"`history` must be a ciclo.History (e.g. from a previous loop or "
+            f"ciclo.history()), got {type(history).__name__}."
+        )
+    if elapsed is not None and not isinstance(elapsed, Elapsed):
+        raise TypeError(
+            f"`elapsed` must be a ciclo.Elapsed (e.g. returned by a previous loop or "
+            f"ciclo.restore), got {elapsed!r} ({type(elapsed).__name__}). To start "
+            f"counting at step n use ciclo.Elapsed.create(steps=n)."
+        )
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
     ls = LoopState(state, None, initial, history, Logs(), Logs(), metadata)
     ls.batch_size_fn = batch_size_fn
     progress = _Progress(initial)
     try:
-        _run(ls, progress, iter(dataset), plan, start, stop_period, batch_size_fn)
+        _run(ls, progress, iter(dataset), plan, start, stop_period)
+        if not progress.started:  # no batch at all: on_start still runs once
+            _start(ls, progress, start)
     except KeyboardInterrupt:
         if not catch_keyboard_interrupt:
             _finalize(finalizers, ls)
             raise
-        _interrupted(ls, progress, batch_size_fn)
+        _interrupted(ls, progress)
     except BaseException:
         _finalize(finalizers, ls)
         raise
@@ -268,7 +305,9 @@ def loop(
 @dataclasses.dataclass
 class _Progress:
     elapsed: Elapsed  # counts every batch whose step completed
-    in_step: bool = False
+    started: bool = False  # on_start ran
+    in_step: bool = False  # a batch's tasks are running
+    committed: bool = False  # this step's logs are in history
     step_start_state: Any = None
 
 
@@ -277,33 +316,39 @@ def _finalize(hooks: list[Callable[[LoopState], Any]], ls: LoopState) -> None:
         hook(ls)
 
 
-def _interrupted(ls: LoopState, progress: _Progress, batch_size_fn: Any) -> None:
+def _start(ls: LoopState, progress: _Progress, start: list[Runner]) -> None:
+    progress.started = True
+    for run in start:
+        run(ls)
+
+
+def _interrupted(ls: LoopState, progress: _Progress) -> None:
     """After Ctrl-C inside a step: keep its logs; count the batch if it reached the state."""
     if not progress.in_step:
         return
-    if ls.logs:
+    if ls.logs and not progress.committed:
         ls.history.commit(progress.elapsed, ls.logs)
     if ls.state is not progress.step_start_state:
-        progress.elapsed = progress.elapsed.update(batch_size(ls.batch, batch_size_fn))
+        size = batch_size(ls.batch, ls.batch_size_fn)
+        progress.elapsed = progress.elapsed.update(size)
 
 
-def _run(ls, progress, iterator, plan, start, stop_period, batch_size_fn) -> None:
+def _run(ls, progress, iterator, plan, start, stop_period) -> None:
     """The per-batch hot path."""
-    history = ls.history
+    history, batch_size_fn = ls.history, ls.batch_size_fn
     current = progress.elapsed
-    first = True
     while stop_period is None or not current >= stop_period:
         try:
             batch = next(iterator)
         except StopIteration:
             return
-        progress.in_step, progress.step_start_state = True, ls.state
         ls.batch, ls.elapsed, ls.logs = batch, current, Logs()
-        if first:
-            first = False
-            for run in start:
-                run(ls)
-        ls.in_step = True
+        if not progress.started:
+            _start(ls, progress, start)
+            if ls.stop_iteration:  # stopped before the first batch's tasks
+                return
+        progress.step_start_state, progress.committed = ls.state, False
+        progress.in_step = ls.in_step = True
         for schedule, runners in plan:
             if ls.stop_iteration:
                 break
@@ -314,6 +359,7 @@ def _run(ls, progress, iterator, plan, start, stop_period, batch_size_fn) -> Non
                         break
         if ls.logs:
             history.commit(current, ls.logs)
+            progress.committed = True
         current = progress.elapsed = current.update(batch_size(batch, batch_size_fn))
         progress.in_step = ls.in_step = False
         if ls.stop_iteration:

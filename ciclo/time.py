@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
+import numbers
 import time as _time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -45,20 +47,33 @@ class Period:
             )
         for name in ("steps", "samples"):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(
                     f"Period.{name} must be a non-negative int, got {value!r} "
                     f"({type(value).__name__})."
                 )
+            if value < 0:
+                raise ValueError(f"Period.{name} must be non-negative, got {value}.")
+            object.__setattr__(self, name, int(value))
         for name in ("time", "date"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, int | float):
+            if value is None:
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Real)
+                or not math.isfinite(value)
+            ):
                 raise TypeError(
-                    f"Period.{name} must be a number of seconds, got {value!r} "
+                    f"Period.{name} must be a finite number of seconds, got {value!r} "
                     f"({type(value).__name__})."
                 )
+            if name == "time" and value < 0:
+                raise ValueError(f"Period.time must be non-negative, got {value}.")
+            if not isinstance(value, int | float):  # numpy scalars -> Python
+                object.__setattr__(self, name, float(value))
 
     def fields(self) -> dict[str, float]:
         """The fields that were given, as a dict `name -> value`."""
@@ -102,8 +117,8 @@ def as_period(value: Any, argument: str) -> Period:
     """Converts an int (steps) or a `Period` to a `Period`; names `argument` on error."""
     if isinstance(value, Period):
         return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return Period(steps=value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return Period(steps=int(value))
     raise TypeError(
         f"`{argument}` must be an int (steps) or a ciclo.Period such as "
         f"ciclo.at(samples=10_000); got {value!r} ({type(value).__name__})."
@@ -167,7 +182,7 @@ class Elapsed:
         return Elapsed(self.steps, self.samples, now, now - float(self.time))
 
     def __ge__(self, other: Period | int) -> bool:
-        if isinstance(other, int) and not isinstance(other, bool):
+        if isinstance(other, numbers.Integral) and not isinstance(other, bool):
             return self.steps >= other
         if not isinstance(other, Period):
             return NotImplemented

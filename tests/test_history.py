@@ -110,3 +110,32 @@ def test_memory_per_logged_step_is_small():
     # one logged scalar + the 4 elapsed fields per step: ~80 bytes in typed arrays;
     # a dict of dicts per step (or kept device buffers) would cost over 1 KB
     assert (after - before) / steps < 150
+
+
+def test_low_precision_and_bool_scalars_come_back_as_python_values():
+    history = ciclo.history()
+    _commit_steps(
+        history,
+        [
+            {
+                "metrics": {
+                    "bf16": jnp.bfloat16(1.5),
+                    "f16": jnp.float16(i),
+                    "ok": jnp.bool_(i),
+                }
+            }
+            for i in range(2)
+        ],
+    )
+    bf16, f16, ok = history.collect("bf16", "f16", "ok")
+    assert bf16 == [1.5, 1.5] and type(bf16[0]) is float
+    assert f16 == [0.0, 1.0] and ok == [False, True] and type(ok[0]) is bool
+
+
+def test_slices_and_plain_dict_commits():
+    history = ciclo.history()
+    _commit_steps(history, [{"metrics": {"a": i}} for i in range(4)])
+    assert [logs.metrics.a for logs in history[1:3]] == [1, 2]
+    with pytest.raises(TypeError, match="Collection 'metrics'"):
+        history.commit(ciclo.Elapsed.create(), {"metrics": 1.0})
+    assert len(history) == 4

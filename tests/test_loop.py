@@ -318,3 +318,60 @@ def test_jitted_1000_step_loop_keeps_every_value():
         expected.append(float(logs.losses.loss))
     np.testing.assert_allclose(losses, expected, rtol=1e-6)
     np.testing.assert_allclose(state, w, rtol=1e-6)
+
+
+def test_bad_logs_shape_names_the_callback():
+    def my_step(state, batch):
+        return {"loss": 0.3}, state
+
+    with pytest.raises(TypeError, match="my_step returned logs that are not a dict of"):
+        ciclo.loop(0, [0], {ALWAYS: my_step})
+
+
+def test_bad_history_elapsed_and_arity_fail_before_running():
+    ran = []
+    good = lambda s, b: ran.append(1)  # noqa: E731
+    with pytest.raises(TypeError, match="`history` must be a ciclo.History"):
+        ciclo.loop(0, [0], {ALWAYS: good}, history=[])
+    with pytest.raises(TypeError, match="`elapsed` must be a ciclo.Elapsed"):
+        ciclo.loop(0, [0], {ALWAYS: good}, elapsed=5)
+
+    def five(state, batch, elapsed, loop_state, extra):
+        pass
+
+    with pytest.raises(TypeError, match="five\\) requires more arguments"):
+        ciclo.loop(0, [0], {ALWAYS: [good, five]})
+    assert ran == []
+
+
+def test_on_start_runs_once_even_without_batches_and_can_stop():
+    events = []
+    ciclo.loop(
+        0,
+        [],
+        {ALWAYS: lambda: events.append("task")},
+        on_start=lambda: events.append("start"),
+        on_end=lambda: events.append("end"),
+    )
+    assert events == ["start", "end"]
+
+    def stop_at_start(state, batch, elapsed, loop_state):
+        loop_state.stop_iteration = True
+
+    _, _, elapsed = ciclo.loop(
+        0, range(3), {ALWAYS: lambda: events.append("task")}, on_start=stop_at_start
+    )
+    assert elapsed.steps == 0 and events.count("task") == 0
+
+
+def test_interrupt_after_commit_does_not_record_a_step_twice():
+    calls = []
+
+    def size(shapes):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return 1
+
+    _, history, elapsed = ciclo.loop(0, range(10), {ALWAYS: _add}, batch_size_fn=size)
+    assert history.collect("steps") == [0, 1, 2]

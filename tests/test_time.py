@@ -49,8 +49,19 @@ def test_period_requires_a_field_and_validates():
         ciclo.at()
     with pytest.raises(TypeError, match="steps"):
         ciclo.at(steps=1.5)
-    with pytest.raises(TypeError, match="samples"):
+    with pytest.raises(ValueError, match="samples must be non-negative"):
         ciclo.at(samples=-1)
+    with pytest.raises(ValueError, match="time must be non-negative"):
+        ciclo.at(time=-1)
+    with pytest.raises(TypeError, match="time"):
+        ciclo.at(time=True)
+
+
+def test_numpy_numbers_are_accepted_where_periods_are_built():
+    assert ciclo.at(np.int64(3)).steps == 3 and type(ciclo.at(np.int64(3)).steps) is int
+    assert ciclo.at(time=np.float32(1.5)).time == 1.5
+    _, _, elapsed = ciclo.loop(0, range(10), {}, stop=np.int64(3))
+    assert elapsed.steps == 3
 
 
 def test_period_any_field_reached():
