@@ -48,6 +48,19 @@ class _Column:
         values.append(value)
 
 
+class _ElapsedColumn:
+    """An `elapsed` field: present in every row, so its rows are implicit."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, typecode: str):
+        self.values = array.array(typecode)
+
+    @property
+    def rows(self) -> range:
+        return range(len(self.values))
+
+
 def _scalar(value: Any) -> int | float | None:
     """`value` as a Python int/float when it is a real 0-d number, else None.
 
@@ -93,7 +106,11 @@ class History:
             raise ValueError(f"`lag` must be a positive int, got {lag!r}.")
         self.lag = lag
         self._rows = 0
-        self._columns: dict[tuple[str, str], _Column] = {}
+        self._elapsed = tuple(_ElapsedColumn(t) for t in ("q", "q", "d", "d"))
+        self._columns: dict[tuple[str, str], _Column | _ElapsedColumn] = {
+            (ELAPSED, name): column
+            for name, column in zip(_ELAPSED_FIELDS, self._elapsed)
+        }
         self._pending: list[tuple[int, list[tuple[str, str]], list[Any]]] = []
 
     # -- writing ------------------------------------------------------------------
@@ -112,9 +129,12 @@ class History:
             keys.append((collection, name))
             values.append(value)
         row = self._rows
+        steps, samples, time, date = self._elapsed
+        steps.values.append(int(elapsed.steps))
+        samples.values.append(int(elapsed.samples))
+        time.values.append(float(elapsed.time))
+        date.values.append(float(elapsed.date))
         self._rows += 1
-        for name in _ELAPSED_FIELDS:
-            self._column((ELAPSED, name)).append(row, getattr(elapsed, name))
         self._pending.append((row, keys, values))
         if len(self._pending) >= 2 * self.lag:
             self._flush(self.lag)
