@@ -1,6 +1,7 @@
 """Progress bars: keras_bar (pkbar) and tqdm_bar."""
 
 import io
+import re
 import time
 
 import jax
@@ -154,6 +155,50 @@ def test_keras_bar_by_hand_finishes_at_total_or_on_close(capsys):
     early.close()
     out = capsys.readouterr().out
     assert early.closed and out.endswith("\n") and "loss: 2.0000" in last_line(out)
+
+
+def test_keras_bar_verbose_2_and_short_time_totals(capsys):
+    # verbose=2 prints its one line also when the loop ends before the total
+    out, _ = keras_run(capsys, ciclo.keras_bar(total=10, verbose=2), n=5)
+    assert out.startswith("5/10 - ") and "acc: 0.4000" in out
+    assert out.count("\n") == 1 and out.endswith("\n")
+    # a time total under 10 s counts milliseconds (by hand: 0.15 s into 0.3 s)
+    now = time.time()
+    elapsed = ciclo.Elapsed(steps=1, samples=1, date=now, date_start=now - 0.15)
+    bar = ciclo.keras_bar(total=ciclo.at(time=0.3))
+    bar(elapsed, {"losses": {"loss": 1.5}})
+    bar.close()
+    line = last_line(capsys.readouterr().out)
+    assert re.match(r"15\d/300 \[", line), line
+
+
+def test_bars_in_test_and_predict_loops_but_not_in_a_nested_test_loop(capsys):
+    bar = ciclo.keras_bar(total=3, interval=0.0)
+    ciclo.test_loop(
+        jnp.float32(0), batches(3), {ciclo.on_test_step: train_step}, callbacks=[bar]
+    )
+    assert last_line(capsys.readouterr().out).startswith("3/3 [") and bar.closed
+    out = io.StringIO()
+    bar = ciclo.tqdm_bar(file=out, interval=0.0)
+    ciclo.predict_loop(
+        jnp.float32(0), batches(4), {ciclo.on_predict_step: train_step}, callbacks=[bar]
+    )
+    assert "4step" in out.getvalue().split("\r")[-1] and bar.closed
+    # given to train_loop, a bar follows training only: the test loops neither
+    # move nor close it
+    out = io.StringIO()
+    bar = ciclo.tqdm_bar(total=6, file=out, interval=0.0)
+    ciclo.train_loop(
+        jnp.float32(0),
+        batches(6),
+        {ciclo.on_train_step: train_step, ciclo.on_test_step: train_step},
+        callbacks=[bar],
+        test_dataset=lambda: batches(5),
+        epoch_duration=2,
+    )
+    text = out.getvalue()
+    assert text.count("\n") == 1 and "6/6" in text.split("\r")[-1]
+    assert "/6" in text and all(f"{n}/6" in text for n in range(1, 7))
 
 
 def test_bar_reads_values_lagged_without_syncing_each_step(capsys):

@@ -38,12 +38,13 @@ def _train(es, **kwargs):
 
 
 def test_stops_and_restores_best_weights():
-    # test loss after batches 2, 4, 6, 8, 10: 16, 4, 0 (best, at step 5), 4, 16
+    # test loss after batches 2, 4, 6, 8, 10: 16, 4, 0 (best, after 6), 4, 16
     es = ciclo.early_stopping("loss_test", patience=4, restore_best_weights=True)
     state, history, elapsed = _train(es)
     assert elapsed.steps == 10  # stopped at the epoch end 4 steps after the best
-    assert es.best == 0.0 and es.best_elapsed.steps == 5
-    assert es.stopped_elapsed.steps == 9
+    # elapsed values count the batch just trained on (what the state consumed)
+    assert es.best == 0.0 and es.best_elapsed.steps == 6
+    assert es.stopped_elapsed.steps == 10
     assert state.n == 6
     np.testing.assert_array_equal(state.w, [6.0, 6.0])
     assert history.collect("metrics.loss_test")[-1] == 16.0
@@ -55,6 +56,38 @@ def test_stops_and_restores_best_weights():
     # the same object reused in another loop starts fresh (on_train_begin)
     state, _, elapsed = _train(es, stop=6)
     assert elapsed.steps == 6 and es.stopped_elapsed is None
+
+
+def test_callbacks_after_it_still_run_in_the_stopping_batch():
+    class Saver:  # e.g. ciclo.checkpoint, given after early_stopping
+        def __init__(self):
+            self.saved = []
+
+        def on_epoch_end(self, state, batch, elapsed):
+            self.saved.append((elapsed.steps, state.n))
+
+    es = ciclo.early_stopping("loss_test", patience=4, restore_best_weights=True)
+    saver = Saver()
+    state, _, elapsed = ciclo.train_loop(
+        State(0, np.zeros(2)),
+        range(100),
+        callbacks=[es, saver],
+        test_dataset=lambda: [0],
+        epoch_duration=2,
+    )
+    assert elapsed.steps == 10
+    # the saver ran in the stopping batch and saw the trained state, not the best
+    assert saver.saved[-1] == (9, 10)
+    assert state.n == 6  # the best state comes back at the end (on_train_end)
+
+
+def test_baseline_patience_counts_from_the_loop_start():
+    # test loss after batches 2, 4: 16, 4 — neither beats the baseline, so the
+    # patience of 4 steps, counted from the loop start, ends after batch 4
+    es = ciclo.early_stopping("loss_test", patience=4, baseline=3.5)
+    _, _, elapsed = _train(es)
+    assert elapsed.steps == 4 and es.stopped_elapsed.steps == 4
+    assert es.best == 3.5 and es.best_elapsed.steps == 0
 
 
 def test_explicit_task_and_missing_metric_error():
@@ -113,3 +146,19 @@ def test_validation():
         ciclo.early_stopping("loss", ciclo.at(date=1e9))
     with pytest.raises(TypeError, match="monitor"):
         ciclo.early_stopping(None, 1)
+    with pytest.raises(TypeError, match="baseline"):
+        ciclo.early_stopping("loss", 1, baseline="3")
+    with pytest.raises(ValueError, match="min_delta"):
+        ciclo.early_stopping("loss", 1, min_delta=float("nan"))
+
+
+def test_numpy_numbers_are_accepted():
+    es = ciclo.early_stopping(
+        "loss", np.int64(2), min_delta=np.float32(0.5), baseline=np.float32(2.0)
+    )
+    stops = [
+        es(ciclo.Elapsed.create(steps=step), None, {"metrics": {"loss": loss}})[0]
+        for step, loss in enumerate([1.8, 1.0, 0.9, 0.8])
+    ]
+    # 1.8 does not beat the baseline by 0.5, 1.0 does; 0.9 and 0.8 do not beat 1.0
+    assert stops == [False, False, False, True] and es.best == 1.0

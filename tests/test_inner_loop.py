@@ -90,6 +90,24 @@ def test_in_a_loop_logs_merge_into_the_step():
     assert state == 8
 
 
+def test_uneven_shapes_name_the_entry():
+    def ragged_run(state):  # the last batch is smaller: outputs of uneven shapes
+        def step(state, batch):
+            logs = ciclo.logs()
+            logs.add_metric("x", batch.sum())
+            logs.add_output("o", batch)
+            return logs
+
+        return ciclo.loop(state, [np.ones(3), np.ones(1)], {ciclo.every(1): step})
+
+    with pytest.raises(ValueError, match=r"'mean' of `outputs\.o`") as info:
+        ciclo.inner_loop("t", ragged_run, aggregation="mean")(0)
+    assert "'outputs': np.concatenate" in str(info.value)
+    mapping = {"metrics": "mean", "outputs": np.concatenate}
+    logs, _ = ciclo.inner_loop("t", ragged_run, aggregation=mapping)(0)
+    assert float(logs.metrics.x_t) == 2.0 and logs.outputs.o_t.shape == (4,)
+
+
 def test_errors():
     with pytest.raises(ValueError, match="'median'"):
         ciclo.inner_loop("t", _inner_run, aggregation="median")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -86,8 +89,8 @@ def test_order_within_a_batch():
         "batch_end",
         "batch_begin",
         "train_step",
-        # epoch end: reset, the test loop (which resets at its start), on_epoch_end
-        "reset",
+        # epoch end: reset (once: the test loop does not reset again), the test
+        # loop, on_epoch_end
         "reset",
         "test_begin",
         "test_batch_begin",
@@ -214,9 +217,14 @@ def test_epoch_duration_in_steps_samples_and_resume():
     assert _epoch_steps(dataset=range(12), epoch_duration=3, stop=12) == [2, 5, 8, 11]
     batches = [np.zeros(4)] * 6  # samples after each batch: 4 8 12 16 20 24
     by_samples = _epoch_steps(
-        dataset=batches, epoch_duration=ciclo.at(samples=10), stop=6
+        dataset=batches, epoch_duration=ciclo.at(samples=10), stop=ciclo.at(samples=20)
     )
     assert by_samples == [2, 4]
+    # the batch reaching `stop` ends a (partial) epoch: the final model is evaluated
+    by_samples = _epoch_steps(
+        dataset=batches, epoch_duration=ciclo.at(samples=10), stop=6
+    )
+    assert by_samples == [2, 4, 5]
     # without `stop`, the dataset's last batch also ends a (partial) epoch
     assert _epoch_steps(dataset=batches, epoch_duration=ciclo.at(samples=10)) == [
         2,
@@ -275,6 +283,138 @@ def test_train_loop_errors():
         ciclo.train_loop(Counter(), range(2), test_dataset=[0], epoch_duration=1)
     with pytest.raises(TypeError, match="`tasks` must be a dict"):
         ciclo.train_loop(None, range(2), [ciclo.noop])
+    # a test_dataset that needs arguments fails at construction, one returning a
+    # non-iterable at the first epoch end, both naming it
+    with pytest.raises(TypeError, match="cannot be called without arguments"):
+        ciclo.train_loop(Counter(), range(2), test_dataset=lambda split: [0])
+    with pytest.raises(TypeError, match=r"`test_dataset\(\)` returned None"):
+        ciclo.train_loop(Counter(), range(2), test_dataset=lambda: None)
+    with pytest.raises(TypeError, match="`stop`"):
+        ciclo.train_loop(None, range(2), stop=2.5)
+    with pytest.raises(TypeError, match="`test_duration`"):
+        ciclo.train_loop(None, range(2), test_duration="all")
+
+
+# -- when the loop ends ----------------------------------------------------------
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """ciclo's wall clock, moved only by the test (`clock.now += seconds`)."""
+    fake = types.SimpleNamespace(now=0.0)
+    fake.time = lambda: fake.now
+    monkeypatch.setattr(importlib.import_module("ciclo.time"), "_time", fake)
+    return fake
+
+
+def test_time_stop_ends_the_last_epoch(clock):
+    def tick():  # each batch ends 1/16 s after its epoch check
+        clock.now += 0.0625
+
+    ends = []
+    tasks = {
+        ciclo.on_train_step: lambda state, batch: state + 1,
+        ciclo.on_train_batch_end: tick,
+        ciclo.on_epoch_end: _recorder(ends, "epoch"),
+    }
+    state, _, elapsed = ciclo.train_loop(
+        0, iter(int, 1), tasks, stop=ciclo.at(time=0.375)
+    )
+    # the epoch check of the 7th batch reads 0.375 s: it ends the epoch AND the loop
+    assert ends == [("epoch", 6)] and elapsed.steps == state == 7
+    ends.clear()
+    ciclo.train_loop(
+        0,
+        iter(int, 1),
+        tasks,
+        epoch_duration=ciclo.at(time=0.25),
+        stop=ciclo.at(time=0.5),
+    )
+    assert ends == [("epoch", 4), ("epoch", 8)]
+
+
+def test_stop_accepts_any_period_and_zero():
+    data = iter(range(10))
+    _, _, elapsed = ciclo.train_loop(0, data, stop=ciclo.at(steps=3, date=2e9))
+    assert elapsed.steps == 3 and next(data) == 3  # nothing drawn beyond stop
+    events = []
+    tasks = {ciclo.on_train_begin: _recorder(events, "begin")}
+    _, _, elapsed = ciclo.train_loop(0, data, tasks, stop=0)
+    assert elapsed.steps == 0 and next(data) == 4 and events == [("begin", 0)]
+    already = ciclo.at(date=time.time() - 1.0)
+    _, _, elapsed = ciclo.train_loop(0, data, stop=already)
+    assert elapsed.steps == 0 and next(data) == 5
+    resumed = ciclo.Elapsed.create(steps=7)
+    _, _, elapsed = ciclo.train_loop(0, data, elapsed=resumed, stop=7)
+    assert elapsed.steps == 7 and next(data) == 6
+
+
+def test_partial_final_epoch_is_evaluated_without_losing_batches(clock):
+    # the data runs out before `stop`: the last batch ends the (partial) epoch
+    _, history, _ = ciclo.train_loop(
+        Counter(), range(5), test_dataset=lambda: [0], stop=10
+    )
+    assert history.collect("steps", "seen_test") == ([4], [5])
+    # a shared iterator loses no batch to the read-ahead: not at an epoch end, not
+    # at `stop` (steps or time)
+    data = iter(range(100))
+    run = dict(test_dataset=lambda: [0], epoch_duration=2)
+    _, history, _ = ciclo.train_loop(Counter(), data, stop=3, **run)
+    assert history.collect("seen_test") == [2, 3] and next(data) == 3
+
+    def tick():
+        clock.now += 1.0
+
+    _, history, _ = ciclo.train_loop(
+        Counter(),
+        data,
+        {ciclo.on_train_batch_end: tick},
+        stop=ciclo.at(time=2),  # read at the epoch check of the 3rd batch
+        **run,
+    )
+    assert history.collect("seen_test") == [2, 3] and next(data) == 7
+
+
+def test_a_stop_request_takes_effect_at_the_end_of_the_batch():
+    events = []
+
+    def stop(state, batch, elapsed, loop_state):
+        events.append(("stop", elapsed.steps))
+        loop_state.stop_iteration = True
+
+    data = iter(range(100))
+    tasks = {
+        ciclo.on_epoch_end: [stop, _recorder(events, "after")],
+        ciclo.on_train_batch_end: _recorder(events, "batch_end"),
+        ciclo.on_train_end: _recorder(events, "end"),
+    }
+    _, _, elapsed = ciclo.train_loop(None, data, tasks, epoch_duration=2)
+    # the rest of the batch runs (the callbacks after it, on_train_batch_end)
+    assert events == [
+        ("batch_end", 0),
+        ("stop", 1),
+        ("after", 1),
+        ("batch_end", 1),
+        ("end", 2),
+    ]
+    assert elapsed.steps == 2 and next(data) == 2
+    # asked for before the epoch check: the batch ends no epoch, nothing read ahead
+    events.clear()
+    tasks = {
+        ciclo.on_train_step: stop,
+        ciclo.on_epoch_end: _recorder(events, "epoch"),
+        ciclo.on_train_batch_end: _recorder(events, "batch_end"),
+    }
+    _, _, elapsed = ciclo.train_loop(None, data, tasks)
+    assert events == [("stop", 0), ("batch_end", 0)] and next(data) == 4
+    # the same in test_loop
+    events.clear()
+    tasks = {
+        ciclo.on_test_step: stop,
+        ciclo.on_test_batch_end: _recorder(events, "batch_end"),
+    }
+    _, _, elapsed = ciclo.test_loop(None, range(5), tasks)
+    assert events == [("stop", 0), ("batch_end", 0)] and elapsed.steps == 1
 
 
 def test_keyboard_interrupt_in_test_loop_ends_training():

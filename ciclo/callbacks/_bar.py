@@ -105,6 +105,20 @@ class ProgressBar(LoopElement):
         """The bar itself: `train_loop(callbacks=[bar])` runs it after each batch."""
         return self
 
+    @property
+    def on_test_batch_end(self) -> ProgressBar:
+        """The bar itself, for `test_loop(callbacks=[bar])`.
+
+        (`train_loop` does not register its callbacks in its test loop, so a bar
+        given to it only follows training.)
+        """
+        return self
+
+    @property
+    def on_predict_batch_end(self) -> ProgressBar:
+        """The bar itself, for `predict_loop(callbacks=[bar])`."""
+        return self
+
     # -- the two ways of calling a bar -------------------------------------------
     def __call__(
         self,

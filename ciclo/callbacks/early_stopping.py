@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 from typing import Any
 
 import jax
 import numpy as np
 
 from ciclo.callbacks.monitor import Monitor, as_logs
-from ciclo.time import Elapsed, Period, as_period
+from ciclo.time import Elapsed, Period, as_period, batch_size
 
 __all__ = ["EarlyStopping", "early_stopping"]
 
@@ -33,12 +35,17 @@ class EarlyStopping:
     """Stops the loop when `monitor` has not improved for `patience`.
 
     See `early_stopping` for the arguments. Registers itself on `on_epoch_end`
-    (and resets on `on_train_begin`) when given in `callbacks`; in `tasks` it is a
-    loop callback; by hand, `stop, state = es(elapsed, state, logs)`.
+    (and on `on_train_begin` to reset, `on_train_end` to restore the best state)
+    when given in `callbacks`; in `tasks` it is a loop callback; by hand,
+    `stop, state = es(elapsed, state, logs)`.
+
+    Elapsed values are those counted AFTER the batch the state was trained on (what
+    the state has consumed), as `checkpoint` records them.
 
     Attributes:
         best: the best value seen (or `baseline`), None before the first call.
-        best_elapsed: the `Elapsed` at which `best` was seen (or the first call's).
+        best_elapsed: the `Elapsed` at which `best` was seen (or where patience
+            started counting: the loop start, or the first call by hand).
         stopped_elapsed: the `Elapsed` at which it asked to stop, else None.
     """
 
@@ -59,11 +66,15 @@ class EarlyStopping:
                 "early_stopping: `patience` is a duration: use steps, samples or "
                 "time, e.g. ciclo.at(time=600); got a `date`."
             )
-        if baseline is not None and not isinstance(baseline, int | float):
+        if baseline is not None and (
+            isinstance(baseline, bool) or not isinstance(baseline, numbers.Real)
+        ):
             raise TypeError(
                 f"early_stopping: `baseline` must be a number or None, got "
                 f"{baseline!r} ({type(baseline).__name__})."
             )
+        if baseline is not None and math.isnan(baseline):
+            raise ValueError("early_stopping: `baseline` must be a number, got NaN.")
         self.baseline = None if baseline is None else float(baseline)
         self.restore_best_weights = bool(restore_best_weights)
         self.reset()
@@ -74,6 +85,7 @@ class EarlyStopping:
         self.best_elapsed: Elapsed | None = None
         self.best_state: Any = None
         self.stopped_elapsed: Elapsed | None = None
+        self._restore_at_end = False
 
     def __repr__(self) -> str:
         return (
@@ -106,34 +118,70 @@ class EarlyStopping:
         return True, state
 
     def __call__(
-        self, elapsed: Elapsed, state: Any, logs: Any = None
+        self, elapsed: Elapsed, state: Any, logs: Any = None, *, batch: Any = None
     ) -> tuple[bool, Any]:
         """Checks `logs` by hand: returns `(stop, state)`.
 
-        `state` is the best state when stopping with `restore_best_weights`.
+        Args:
+            elapsed: the `Elapsed` that `ciclo.elapse` gave with the batch `state`
+                was just trained on; patience is measured at `elapsed.update(...)`
+                (that batch counted), as in a loop.
+            state: the state after that batch.
+            logs: the logs holding the monitored metric.
+            batch: that batch, so a patience in samples counts its samples too.
+
+        Returns:
+            `(stop, state)`; `state` is the best state when stopping with
+            `restore_best_weights`.
 
         Raises:
             ValueError: if the monitored metric is not in `logs`.
         """
         value = self.monitor.read(as_logs(logs))
-        return self.update(elapsed, state, value)
+        size = 0 if batch is None else batch_size(batch)
+        return self.update(elapsed.update(size), state, value)
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, Any]:
+        stop, state = self._check(loop_state)
+        return None, state if stop else None
+
+    def _check(self, loop_state: Any) -> tuple[bool, Any]:
         value = self.monitor.read_loop_state(loop_state)
-        stop, state = self.update(loop_state.elapsed, loop_state.state, value)
+        stop, state = self.update(_consumed(loop_state), loop_state.state, value)
         if stop:
             loop_state.stop_iteration = True
-            return None, state
-        return None, None
+        return stop, state
 
     def on_epoch_end(self, state: Any, batch: Any, elapsed: Any, loop_state: Any):
-        """Self-registration: checks at each epoch end of `train_loop`."""
-        return self.__loop_callback__(loop_state)
+        """Self-registration: checks at each epoch end of `train_loop`.
+
+        It asks the loop to stop; the best state (`restore_best_weights`) is handed
+        back on `on_train_end`, so the callbacks after it in that batch (e.g. a
+        checkpoint) still see the state trained so far.
+        """
+        stop, _ = self._check(loop_state)
+        self._restore_at_end = stop and self.best_state is not None
 
     def on_train_begin(self, state: Any, batch: Any, elapsed: Any, loop_state: Any):
         """Self-registration: starts fresh (patience counts from the loop start)."""
         self.reset()
-        self.best_elapsed = elapsed
+        self.best_elapsed = _consumed(loop_state)
+
+    def on_train_end(self, state: Any) -> tuple[None, Any]:
+        """Self-registration: returns the best state if it stopped the loop."""
+        if self._restore_at_end:
+            self._restore_at_end = False
+            return None, self.best_state
+        return None, None
+
+
+def _consumed(loop_state: Any) -> Elapsed:
+    """What the loop's state has consumed: the current batch counts during a step."""
+    elapsed = loop_state.elapsed
+    if loop_state.in_step:
+        size = batch_size(loop_state.batch, loop_state.batch_size_fn)
+        elapsed = elapsed.update(size)
+    return elapsed
 
 
 def early_stopping(
@@ -150,8 +198,11 @@ def early_stopping(
     The loop stops when the monitored value has not improved on the best one by
     more than `min_delta` for `patience`, measured from the elapsed at which the
     best was seen (from the loop start, or the first check by hand, while nothing
-    beats `baseline`). Reading the value is a host sync, once per call (per epoch
-    when self-registered on `on_epoch_end`).
+    beats `baseline`). Elapsed values count the batch just trained on (what the
+    state has consumed, as `checkpoint` records it): in a loop
+    `elapsed.update(batch_size)` during a step, by hand `es(elapsed, state, logs)`
+    with the `elapsed` `ciclo.elapse` gave with that batch. Reading the value is a
+    host sync, once per call (per epoch when self-registered on `on_epoch_end`).
 
     Args:
         monitor: the logged entry to watch, bare (`"loss_test"`) or
@@ -163,7 +214,10 @@ def early_stopping(
         mode: `"min"` (lower is better) or `"max"`.
         baseline: a value the metric must beat; until it does, nothing is "best".
         restore_best_weights: when stopping, return the state from the best check
-            (its arrays are copied when recorded, so donation cannot spoil it).
+            (its arrays are copied when recorded, so donation cannot spoil it):
+            self-registered in `train_loop` on `on_train_end` (the rest of the
+            stopping batch sees the state trained so far), in `ciclo.loop` or as an
+            explicit task at the check that stops, by hand as the returned state.
             Like Keras, nothing is restored when the loop ends without stopping.
 
     Returns:
@@ -171,7 +225,8 @@ def early_stopping(
 
     Raises:
         ValueError: for a bad `mode`, negative `min_delta` or a `date` patience.
-        TypeError: for a `patience` that is not an int or `Period`.
+        TypeError: for a `patience` that is not an int or `Period`, or a
+            `min_delta` / `baseline` that is not a real number.
 
     Example:
         >>> import ciclo

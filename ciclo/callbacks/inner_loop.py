@@ -26,6 +26,9 @@ AGGREGATIONS: dict[str, Callable[[list[Any]], Any]] = {
     "max": lambda values: _stack(values).max(axis=0),
 }
 
+# The reductions that stack the values (they need equal shapes), by function.
+_REDUCTIONS = {AGGREGATIONS[n]: n for n in ("mean", "sum", "min", "max")}
+
 Aggregation = str | Callable[[list[Any]], Any]
 
 
@@ -105,8 +108,30 @@ class InnerLoop:
             if not values:
                 continue
             aggregate = self._per_collection.get(collection, self._default)
-            logs.add_entry(collection, f"{entry}_{self.name}", aggregate(values))
+            try:
+                value = aggregate(values)
+            except ValueError as error:
+                shapes = {tuple(np.shape(v)) for v in values}
+                if aggregate not in _REDUCTIONS or len(shapes) < 2:
+                    raise
+                raise self._uneven(collection, entry, shapes, aggregate) from error
+            logs.add_entry(collection, f"{entry}_{self.name}", value)
         return logs
+
+    def _uneven(
+        self, collection: str, entry: str, shapes: set[tuple[int, ...]], aggregate: Any
+    ) -> ValueError:
+        name = _REDUCTIONS[aggregate]
+        shapes = sorted(shapes, key=str)
+        other = "" if collection == "metrics" else f"'metrics': {name!r}, "
+        return ValueError(
+            f"inner_loop {self.name!r}: cannot take the {name!r} of "
+            f"`{collection}.{entry}` over the inner steps: its values have "
+            f"different shapes {shapes} (e.g. a smaller last batch). Aggregate "
+            f"that collection another way with a per-collection mapping, e.g. "
+            f"aggregation={{{other}{collection!r}: np.concatenate}} "
+            f"(or 'last')."
+        )
 
     def __call__(self, state: Any) -> tuple[Logs, Any]:
         """Runs the inner loop on `state`; returns `(logs, state)`.
@@ -116,6 +141,8 @@ class InnerLoop:
 
         Raises:
             TypeError: if `loop_fn` does not return `(state, History, elapsed)`.
+            ValueError: if `"mean"`, `"sum"`, `"min"` or `"max"` meets values of
+                different shapes; the message names the `collection.entry`.
         """
         output = self.loop_fn(state)
         if (

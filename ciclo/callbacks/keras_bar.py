@@ -27,17 +27,20 @@ class keras_bar(ProgressBar):
     error), and the line is then closed with a newline.
 
     In `ciclo.loop` put it last (`{**ciclo.keras_bar(total=n)}` runs it every step);
-    in `ciclo.train_loop(callbacks=[...])` it runs on `on_train_batch_end`. It can
+    in `ciclo.train_loop(callbacks=[...])` it runs on `on_train_batch_end` (not in
+    its test loop), in `test_loop` / `predict_loop` on their batch ends. It can
     also be called by hand as `bar(elapsed, logs)` after training on the batch
     `elapsed` came with; call `bar.close()` if the run stops before `total`.
 
     Args:
         total: the length of the run: an int (steps) or a `Period`
-            (`ciclo.at(samples=...)`, `ciclo.at(time=...)`); with several fields
-            the one closest to being reached is shown. None: no ETA.
+            (`ciclo.at(samples=...)`, `ciclo.at(time=...)`: seconds, or
+            milliseconds for a total under 10 s); with several fields the one
+            closest to being reached is shown. None: no ETA.
         interval: the least seconds between two redraws.
         width: the width of the bar in characters.
-        verbose: 1 draws the bar, 2 prints only the final line, 0 prints nothing.
+        verbose: 1 draws the bar, 2 prints only the final line (also when the
+            loop ends before `total`), 0 prints nothing.
 
     Raises:
         TypeError: if `total` is neither an int nor a `Period`.
@@ -90,6 +93,7 @@ class keras_bar(ProgressBar):
         return self._kbar
 
     def _draw(self, current, target, unit, values) -> None:
+        current, target, unit = _whole_units(current, target, unit)
         kbar = self._bar(target, unit)
         now = _time.time()
         if self._first is None:
@@ -105,9 +109,41 @@ class keras_bar(ProgressBar):
         kbar.update(current, values=list(values.items()))
 
     def _close(self, current, target, unit, values) -> None:
+        current, target, unit = _whole_units(current, target, unit)
+        if unit == "ms" and target is not None:
+            current = min(current, target)  # reached: don't show the read latency
         kbar = self._bar(target, unit)
         kbar.update(current, values=list(values.items()))
-        if self.verbose == 1 and (target is None or current < target):
-            sys.stdout.write("\n")  # pkbar ends the line only at the target
+        if target is None or current < target:
+            # pkbar ends the line (verbose=1) or prints at all (verbose=2) only at
+            # its target
+            if self.verbose == 1:
+                sys.stdout.write("\n")
+            elif self.verbose == 2:
+                seconds = _time.time() - kbar._start
+                sys.stdout.write(_summary(current, target, seconds, values))
             sys.stdout.flush()
         self._kbar, self._first = None, None
+
+
+def _whole_units(current: float, target: float | None, unit: str):
+    """pkbar shows whole units: a time total under 10 s is shown in milliseconds."""
+    if unit == "s" and target is not None and target < 10:
+        return current * 1000.0, target * 1000.0, "ms"
+    return current, target, unit
+
+
+def _summary(current: float, target: float | None, seconds: float, values) -> str:
+    """The final line of verbose=2, as pkbar writes it at its target."""
+    parts = [f"{int(current)}/{'Unknown' if target is None else int(target)}"]
+    parts.append(f"{seconds:.0f}s")
+    for name, value in values.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            parts.append(f"{name}: {value}")
+            continue
+        parts.append(
+            f"{name}: {number:.4f}" if abs(number) > 1e-3 else f"{name}: {number:.4e}"
+        )
+    return " - ".join(parts) + "\n"

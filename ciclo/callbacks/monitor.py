@@ -9,6 +9,7 @@ sync, so callbacks read it at most once per call (they run per epoch by default)
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,8 +37,10 @@ class Monitor:
         owner: who uses the monitor, named in error messages.
 
     Raises:
-        TypeError: if `name` is not a non-empty string or `min_delta` not a number.
-        ValueError: if `mode` is not "min"/"max" or `min_delta` is negative.
+        TypeError: if `name` is not a non-empty string or `min_delta` not a real
+            number (Python or NumPy).
+        ValueError: if `mode` is not "min"/"max" or `min_delta` is negative or not
+            finite.
 
     Example:
         >>> import ciclo
@@ -68,14 +71,15 @@ class Monitor:
                 f"{owner}: `mode` must be 'min' (lower is better) or 'max' (higher "
                 f"is better); got {mode!r}."
             )
-        if isinstance(min_delta, bool) or not isinstance(min_delta, int | float):
+        if isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real):
             raise TypeError(
                 f"{owner}: `min_delta` must be a number, got {min_delta!r} "
                 f"({type(min_delta).__name__})."
             )
-        if min_delta < 0:
+        if not min_delta >= 0 or math.isinf(min_delta):
             raise ValueError(
-                f"{owner}: `min_delta` must be >= 0 (its sign follows `mode`); got "
+                f"{owner}: `min_delta` must be finite and >= 0 (its sign follows "
+                f"`mode`); got "
                 f"{min_delta}."
             )
         self.name = name

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ciclo.callbacks.inner_loop import inner_loop
 from ciclo.history import History
 from ciclo.loops import builder
-from ciclo.loops.epochs import EpochClock, lookahead
-from ciclo.loops.named import PREDICT, TEST, TRAIN, LoopKind, on_test_step
+from ciclo.loops.epochs import EpochClock
+from ciclo.loops.named import PREDICT, TEST, TRAIN, LoopKind
+from ciclo.loops.nested import evaluation_callback
 from ciclo.time import Elapsed, Period, as_period
 
 __all__ = ["predict_loop", "test_loop", "train_loop"]
@@ -46,22 +46,29 @@ def train_loop(
     attribute of that name.
 
     An epoch ends after the batch that brings the elapsed counted after it to a
-    multiple of `epoch_duration` (in any of its fields). Without `epoch_duration`
-    the epoch is the whole run: it ends when `stop` is reached, or, with no `stop`,
-    after the dataset's last batch (then ciclo draws one batch ahead to know).
+    multiple of `epoch_duration` (in any of its fields), and after the batch that
+    ends the loop by reaching `stop` or exhausting the data, so a partial final
+    epoch is evaluated too (to learn that a batch is the last, ciclo reads one
+    batch ahead, only when the batch neither ended an epoch nor reached `stop`).
+    Without `epoch_duration` the whole run is one epoch. A callback that sets
+    `loop_state.stop_iteration` ends the loop at the end of the batch (the batch's
+    other callbacks still run), without ending an epoch.
 
     Args:
         state: the initial state; its class's `train_step`, `test_step`,
             `reset_step`, `on_*` methods register themselves.
         dataset: any iterable of training batches.
         tasks: `{named_or_ordinary_schedule: callback_or_list}`.
-        callbacks: objects registering their `on_*` attributes (keras_bar,
-            checkpoint, early_stopping, ...).
+        callbacks: objects registering their `on_train_*`, `on_epoch_end` and
+            `on_reset_step` attributes (keras_bar, checkpoint, early_stopping,
+            ...); they do not run in the test loop.
         test_dataset: a zero-argument callable returning a fresh test iterable.
         epoch_duration: int steps or a `Period` (steps, samples, time).
         test_duration: how long each test loop runs (default: until exhausted).
         test_name: suffix of the test entries (`"accuracy_test"`).
-        stop: end once `elapsed >= stop`.
+        stop: int steps or any `Period`; the loop ends after the batch whose
+            elapsed counted after it reaches `stop` (none runs if the starting
+            elapsed already has).
         history, elapsed, catch_keyboard_interrupt, metadata, batch_size_fn: as in
             `ciclo.loop` (the test loop uses the same `metadata`/`batch_size_fn`).
         inner_loop_kwargs: for the test `ciclo.inner_loop`, e.g.
@@ -71,10 +78,11 @@ def train_loop(
         `(state, history, elapsed)`.
 
     Raises:
-        ValueError: for an unknown named schedule, or a `test_dataset` without any
-            test step.
-        TypeError: for a non-callable `test_dataset` or a callback that cannot
-            register itself.
+        ValueError: for an unknown named schedule, a `test_dataset` without any
+            test step, or an `epoch_duration` with a `date` or a field <= 0.
+        TypeError: for a `test_dataset` that is not a zero-argument callable (or
+            returns something that is not iterable), a bad `stop` /
+            `epoch_duration`, or a callback that cannot register itself.
 
     Example:
         >>> import ciclo
@@ -91,15 +99,13 @@ def train_loop(
         (6, ([2, 5], [3, 6]))
     """
     registered = builder.collect(TRAIN, state, tasks, callbacks)
-    clock = EpochClock(
-        stop if epoch_duration is None else epoch_duration,
-        "stop" if epoch_duration is None else "epoch_duration",
-        batch_size_fn,
-    )
+    clock = EpochClock(epoch_duration, stop, batch_size_fn)
+    if test_duration is not None:
+        as_period(test_duration, "test_duration")
     nested = []
     if test_dataset is not None:
         nested.append(
-            _test_callback(
+            evaluation_callback(
                 registered,
                 test_dataset,
                 test_duration,
@@ -109,69 +115,21 @@ def train_loop(
                 inner_loop_kwargs,
             )
         )
-    if stop is None:
-        dataset = lookahead(dataset, clock)
+    # The clock decides the stop (with the same reading that ends the last epoch),
+    # so the loop itself gets no `stop`.
     return builder.run(
         TRAIN,
         registered,
         state,
-        dataset,
+        clock.wrap(dataset, elapsed),
         epoch=clock,
         nested=nested,
-        stop=stop,
         history=history,
         elapsed=elapsed,
         catch_keyboard_interrupt=catch_keyboard_interrupt,
         metadata=metadata,
         batch_size_fn=batch_size_fn,
     )
-
-
-def _test_callback(
-    registered: builder.Registered,
-    test_dataset: Any,
-    test_duration: Any,
-    test_name: str,
-    metadata: Any,
-    batch_size_fn: Any,
-    inner_loop_kwargs: Mapping[str, Any] | None,
-) -> Any:
-    """The epoch-end callback running the test loop through `inner_loop`."""
-    if not callable(test_dataset):
-        raise TypeError(
-            f"train_loop: `test_dataset` must be a zero-argument callable returning "
-            f"a fresh iterable each epoch, e.g. test_dataset=lambda: "
-            f"make_test_batches(); got {type(test_dataset).__name__}."
-        )
-    if not registered.has(on_test_step):
-        raise ValueError(
-            "train_loop: `test_dataset` was given but nothing runs on "
-            "`on_test_step`: give the state a `test_step` method, pass "
-            "tasks={ciclo.on_test_step: [test_step]}, or a callback with "
-            "`on_test_step`."
-        )
-    if test_duration is not None:
-        as_period(test_duration, "test_duration")
-    if inner_loop_kwargs is not None and not isinstance(inner_loop_kwargs, Mapping):
-        raise TypeError(
-            f"train_loop: `inner_loop_kwargs` must be a dict such as "
-            f"{{'aggregation': 'mean'}}, got {type(inner_loop_kwargs).__name__}."
-        )
-    test_registered = registered.nested(TEST)
-
-    def run_test(state: Any) -> tuple[Any, History, Elapsed]:
-        return builder.run(
-            TEST,
-            test_registered,
-            state,
-            test_dataset(),
-            stop=test_duration,
-            catch_keyboard_interrupt=False,  # Ctrl-C must end the training loop
-            metadata=metadata,
-            batch_size_fn=batch_size_fn,
-        )
-
-    return inner_loop(test_name, run_test, **(inner_loop_kwargs or {}))
 
 
 def _simple_loop(kind: LoopKind, state, dataset, tasks, callbacks, **loop_kwargs):
@@ -194,7 +152,8 @@ def test_loop(
 ) -> tuple[Any, History, Elapsed]:
     """Evaluates: the reset steps and `on_test_begin` first, then per batch
     `on_test_batch_begin`, `on_test_step`, ordinary schedules, `on_test_batch_end`;
-    `on_test_end` after the last batch. Registration as in `train_loop`.
+    `on_test_end` after the last batch. Registration, and a stop asked for by a
+    callback (at the end of the batch), as in `train_loop`.
 
     Args:
         state: the state; its `test_step` / `reset_step` / `on_test_*` methods
@@ -248,7 +207,9 @@ def predict_loop(
 ) -> tuple[Any, History, Elapsed]:
     """Runs inference: `on_predict_begin` first, then per batch
     `on_predict_batch_begin`, `on_predict_step`, ordinary schedules,
-    `on_predict_batch_end`; `on_predict_end` after the last batch.
+    `on_predict_batch_end`; `on_predict_end` after the last batch. Registration,
+    and a stop asked for by a callback (at the end of the batch), as in
+    `train_loop`.
 
     Args:
         state: the state; its `predict_step` / `on_predict_*` methods register
