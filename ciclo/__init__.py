@@ -43,6 +43,8 @@ from ciclo.callbacks.tqdm_bar import tqdm_bar
 from ciclo.callbacks.checkpoint import checkpoint, restore
 
 # --- managed API and strategies (issue 4) ---
+from ciclo import managed, strategies
+from ciclo.strategies import Strategy, get_strategy, register_strategy
 
 # --- flax (issue 5) ---
 

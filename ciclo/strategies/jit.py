@@ -1,0 +1,34 @@
+"""The `jit` and `jit_donate` strategies: `jax.jit` on the default device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from ciclo.strategies.base import Step, Strategy
+
+__all__ = ["Jit"]
+
+
+class Jit(Strategy):
+    """Compiles the step with `jax.jit`; `donate=True` donates the state's buffers.
+
+    With donation the state passed in is consumed: keep only the returned one.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.get_strategy("jit_donate").donate
+        True
+    """
+
+    def __init__(self, name: str = "jit", *, donate: bool = False):
+        super().__init__(name, donate=donate)
+
+    def from_host(self, state: Any) -> Any:
+        # committed device arrays (not Python/numpy leaves), so that donation works
+        # and the first step is traced with the same types as the following ones
+        return jax.device_put(state)
+
+    def compile(self, fn: Step) -> Step:
+        return jax.jit(fn, donate_argnums=(0,) if self.donate else ())

@@ -1,0 +1,62 @@
+"""One process of the multi-process `sharded` test (see test_multihost.py).
+
+Usage: python _multihost_worker.py PROCESS_ID NUM_PROCESSES PORT OUT.npz
+Each process has 2 forced CPU devices, feeds its local rows of every global batch,
+and process 0 writes the final params to OUT.npz.
+"""
+
+import os
+import sys
+
+# forced CPU devices share one thread pool: without intra-op threading a collective
+# can't stall waiting for a participant that has no free thread (seen on 2 cores)
+os.environ["XLA_FLAGS"] = (
+    "--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false"
+)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import numpy as np
+
+process_id, num_processes, port, out = sys.argv[1:]
+process_id, num_processes = int(process_id), int(num_processes)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(
+    coordinator_address=f"127.0.0.1:{port}",
+    num_processes=num_processes,
+    process_id=process_id,
+    initialization_timeout=60,
+)
+
+import _managed_model as m  # noqa: E402  (after jax.distributed.initialize)
+
+assert jax.device_count() == 2 * num_processes, jax.devices()
+local = m.BATCH // num_processes
+rows = slice(process_id * local, (process_id + 1) * local)
+data = [(x[rows], y[rows]) for x, y in m.dataset()]
+
+state = m.create("sharded")
+state, history = m.train(state, data)
+logs, _ = m.train_step(state, data[0])
+# what comes back is readable by this process: replicated loss, local outputs
+loss = float(logs.losses.loss)
+assert logs.outputs.logits.shape == (local, 4), logs.outputs.logits.shape
+assert len(history.collect("metrics.loss")) == m.STEPS
+params = m.host_params(state)
+
+# a long loop with no host sync: without the strategy's bound on queued steps,
+# XLA:CPU + gloo collectives stalled after ~100-160 queued steps
+import itertools  # noqa: E402
+
+import ciclo  # noqa: E402
+
+long_state, long_history, _ = ciclo.loop(
+    state, itertools.cycle(data), {ciclo.every(1): [m.train_step]}, stop=300
+)
+jax.block_until_ready(long_state)
+assert len(long_history.collect("metrics.loss")) == 300
+
+if process_id == 0:
+    np.savez(out, loss=loss, **params)
+jax.distributed.shutdown()
+print(f"process {process_id} done, loss {loss:.6f}")

@@ -1,0 +1,175 @@
+"""The managed API on one device: `ManagedState`, `managed.train_step`, `managed.step`."""
+
+from __future__ import annotations
+
+import _managed_model as m
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from clu import metrics as clu_metrics
+
+import ciclo
+from ciclo import managed
+
+
+def scalar_state(strategy: str = "jit", value: float = 0.0) -> managed.ManagedState:
+    return managed.ManagedState.create(
+        params=jnp.asarray(value), tx=optax.sgd(1.0), strategy=strategy
+    )
+
+
+def test_create_places_state_and_keeps_strategy_static():
+    state = m.create("jit")
+    assert state.strategy == "jit"
+    assert "jit" not in jax.tree.leaves(state)
+    assert int(state.step) == 0
+    with pytest.raises(ValueError, match="Unknown strategy 'gpu'.*'sharded'"):
+        m.create("gpu")
+
+
+def test_train_step_differentiates_the_sum_of_the_losses():
+    @managed.train_step
+    def step(state, batch):
+        logs = ciclo.logs()
+        logs.add_loss("a", state.params**2)  # d/dp = 2p
+        logs.add_loss("b", 3.0 * state.params)  # d/dp = 3
+        return logs, state
+
+    logs, state = step(scalar_state(value=2.0), None)
+    # sgd(1.0): p - (2p + 3) = 2 - 7
+    assert float(state.params) == pytest.approx(-5.0)
+    assert int(state.step) == 1
+    assert float(logs.losses.a) == pytest.approx(4.0)
+
+
+def test_train_step_without_a_loss_is_an_error_naming_what_was_logged():
+    @managed.train_step
+    def step(state, batch):
+        logs = ciclo.logs()
+        logs.add_metric("accuracy", 1.0)
+        return logs, state
+
+    with pytest.raises(ValueError, match=r"logged no loss.*metrics\.accuracy"):
+        step(scalar_state(), None)
+
+
+def test_train_step_with_a_non_scalar_loss_is_an_error_naming_it():
+    @managed.train_step
+    def step(state, batch):
+        logs = ciclo.logs()
+        logs.add_loss("per_sample", state.params * jnp.ones(3))
+        return logs, state
+
+    with pytest.raises(TypeError, match=r"'losses\.per_sample' .* shape \(3,\)"):
+        step(scalar_state(), None)
+
+
+def test_step_runs_without_gradients_and_returns_the_functions_state():
+    @managed.step
+    def count(state, batch):
+        logs = ciclo.logs()
+        logs.add_metric("mean", jnp.mean(batch * state.params))
+        return logs, state.replace(step=state.step + 1)
+
+    state = scalar_state(value=2.0)
+    logs, state = count(state, jnp.arange(4.0))
+    assert float(logs.metrics.mean) == pytest.approx(3.0)
+    assert float(state.params) == 2.0 and int(state.step) == 1
+
+
+def test_both_signatures_work_by_hand_and_in_a_loop():
+    @managed.step
+    def two(state, batch):
+        return None, state
+
+    @managed.step
+    def three(state, batch, elapsed):
+        logs = ciclo.logs()
+        logs.add_metric("seen", elapsed.steps if elapsed is not None else -1)
+        return logs, state
+
+    state = scalar_state()
+    assert two(state, 1.0)[0] == {}
+    assert int(three(state, 1.0)[0].metrics.seen) == -1
+    assert int(three(state, 1.0, ciclo.Elapsed.create(steps=7))[0].metrics.seen) == 7
+    _, history, _ = ciclo.loop(state, [1.0] * 3, {ciclo.every(1): [two, three]})
+    assert history.collect("seen") == [0, 1, 2]
+
+
+def test_compiled_once_per_strategy_not_per_step():
+    m.TRACES.clear()
+    state, history = m.train(m.create("jit"), m.dataset(steps=5))
+    assert m.TRACES == ["jit"]
+    assert history.collect("steps_seen") == [0, 1, 2, 3, 4]
+    assert int(state.step) == 5
+
+
+def test_eager_runs_python_every_step_and_matches_jit():
+    data = m.dataset(steps=2)
+    m.TRACES.clear()
+    eager, _ = m.train(m.create("eager"), data)
+    assert m.TRACES == ["eager", "eager"]
+    jitted, _ = m.train(m.create("jit"), data)
+    for a, b in zip(jax.tree.leaves(eager.params), jax.tree.leaves(jitted.params)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_jit_donate_consumes_the_input_and_matches_jit():
+    data = m.dataset(steps=2)
+    initial = m.create("jit_donate")
+    donated, _ = m.train(initial, data)
+    assert jax.tree.leaves(initial.params)[0].is_deleted()
+    jitted, _ = m.train(m.create("jit"), data)
+    for a, b in zip(jax.tree.leaves(donated.params), jax.tree.leaves(jitted.params)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_with_strategy_moves_between_single_device_strategies():
+    state = m.create("jit")
+    moved = state.with_strategy("eager").with_strategy("sharded").with_strategy("jit")
+    assert moved.strategy == "jit"
+    assert state.with_strategy("jit") is state
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(moved.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_managed_step_as_a_state_method():
+    class Counter(managed.ManagedState):
+        @managed.train_step
+        def train_step(self, batch):
+            logs = ciclo.logs()
+            logs.add_loss("loss", jnp.mean((self.params - batch) ** 2))
+            return logs, self
+
+    state = Counter.create(params=jnp.zeros(()), tx=optax.sgd(0.25))
+    _, state = state.train_step(jnp.ones(2))
+    assert float(state.params) == pytest.approx(0.5)
+    state, history, _ = ciclo.loop(
+        state, [jnp.ones(2)] * 2, {ciclo.every(1): Counter.train_step}
+    )
+    assert int(state.step) == 3 and len(history) == 2
+
+
+def test_stateful_metrics_come_back_computed():
+    @managed.step
+    def evaluate(state, batch):
+        logs = ciclo.logs()
+        logs.add_stateful_metric("avg", clu_metrics.Average.from_model_output(batch))
+        return logs, state
+
+    logs, _ = evaluate(scalar_state(), jnp.arange(4.0))
+    assert isinstance(logs.stateful_metrics.avg, jax.Array)
+    assert float(logs.stateful_metrics.avg) == pytest.approx(1.5)
+
+
+def test_bad_inputs_are_clear_errors():
+    @managed.step
+    def three_values(state, batch):
+        return None, state, 1
+
+    with pytest.raises(TypeError, match="must return \\(logs, state\\)"):
+        three_values(scalar_state(), None)
+    with pytest.raises(TypeError, match="needs a ciclo.managed.ManagedState"):
+        three_values({"params": 1.0}, None)

@@ -1,0 +1,141 @@
+"""Strategies: every strategy on 4 forced CPU devices gives the jit result.
+
+The 4-device checks run once, in a subprocess (`_strategies_worker.py`); each test
+asserts on a part of its results. Registry checks run in this process.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from _workers import four_device_results
+
+import ciclo
+from ciclo import managed
+
+TOL = 1e-5
+ALL = ["jit", "jit_donate", "data_parallel", "data_parallel_donate", "sharded"]
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return four_device_results()
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_same_params_as_jit_after_training(results, name):
+    assert max_diff(results["params"][name], results["params"]["jit"]) < TOL
+    np.testing.assert_allclose(
+        results["logs"][name]["loss"], results["logs"]["jit"]["loss"], atol=TOL
+    )
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_compiled_once_per_strategy_while_elapsed_changes(results, name):
+    assert results["traces"][name] == 1
+    assert results["logs"][name]["steps_seen"] == [0, 1, 2, 3]
+
+
+def test_donate_variants_consume_the_input_state(results):
+    donated = results["donated"]
+    assert donated["jit_donate"] and donated["data_parallel_donate"]
+    assert not donated["jit"] and not donated["data_parallel"]
+
+
+def test_data_parallel_state_is_replicated_per_device(results):
+    assert results["replicated_shape"] == (4, 8, 16)
+
+
+def test_with_strategy_round_trips(results):
+    start, end, strategy = results["round_trip"]
+    assert strategy == "jit"
+    assert max_diff(start, end) == 0.0
+
+
+@pytest.mark.parametrize("name", ["data_parallel", "sharded"])
+def test_uneven_batch_is_a_clear_error(results, name):
+    message = results["uneven"][name]
+    assert "batch of size 10" in message and "4 devices" in message
+
+
+def test_stateful_metrics_merged_across_devices(results):
+    extra = results["extra"]
+    for name in ["jit", "data_parallel", "sharded"]:
+        assert extra[name]["masked_y"] == pytest.approx(extra["expected_masked_y"])
+
+
+def test_outputs_concatenated_across_devices(results):
+    extra = results["extra"]
+    for name in ["data_parallel", "sharded"]:
+        assert extra[name]["logits"].shape == (16, 4)
+        np.testing.assert_allclose(
+            extra[name]["logits"], extra["jit"]["logits"], atol=TOL
+        )
+
+
+def test_batch_stats_and_grads_averaged(results):
+    extra = results["extra"]
+    for name in ["jit", "data_parallel", "sharded"]:
+        np.testing.assert_allclose(
+            extra[name]["batch_stats"], extra["expected_batch_mean"], atol=TOL
+        )
+        assert max_diff(extra[name]["params"], extra["jit"]["params"]) < TOL
+
+
+def test_rng_keys_split_per_device(results):
+    extra = results["extra"]
+    keys = extra["keys_per_device"]
+    assert keys.shape == (4, 2) and len({tuple(k) for k in keys}) == 4
+    chunks = extra["data_parallel"]["noise"].reshape(4, 4)
+    assert len({tuple(c) for c in chunks}) == 4
+    # sharded is one logical program: same draws as jit
+    np.testing.assert_allclose(extra["sharded"]["noise"], extra["jit"]["noise"])
+
+
+# -- registry (in this process) ----------------------------------------------------
+def test_get_strategy_unknown_name_lists_registered():
+    with pytest.raises(ValueError, match="Unknown strategy 'pmapp'") as info:
+        ciclo.get_strategy("pmapp")
+    for name in ["eager", "jit", "jit_donate", "data_parallel", "sharded"]:
+        assert name in str(info.value)
+
+
+def test_dash_and_underscore_are_the_same_name():
+    assert ciclo.get_strategy("data-parallel") is ciclo.get_strategy("data_parallel")
+
+
+def test_register_custom_strategy_is_used_by_managed_steps():
+    compiled = []
+
+    class Counting(ciclo.Strategy):
+        def compile(self, fn):
+            compiled.append(fn)
+            return jax.jit(fn)
+
+    ciclo.register_strategy("counting", Counting("counting"), overwrite=True)
+
+    @managed.step
+    def double(state, batch):
+        return None, state.replace(params=state.params * 2)
+
+    state = managed.ManagedState.create(
+        params=jnp.ones(2), tx=optax.sgd(0.1), strategy="counting"
+    )
+    for _ in range(3):
+        _, state = double(state, None)
+    assert len(compiled) == 1
+    np.testing.assert_allclose(state.params, [8.0, 8.0])
+
+
+def test_register_strategy_refuses_duplicates_and_incomplete_objects():
+    with pytest.raises(ValueError, match="already registered"):
+        ciclo.register_strategy("jit", ciclo.Strategy("jit"))
+    with pytest.raises(TypeError, match="lacks"):
+        ciclo.register_strategy("broken", object())
