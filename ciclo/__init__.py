@@ -47,5 +47,6 @@ from ciclo import managed, strategies
 from ciclo.strategies import Strategy, get_strategy, register_strategy
 
 # --- flax (issue 5) ---
+from ciclo.flax import FlaxState, create_flax_state
 
 __version__ = "0.2.0"

@@ -1,0 +1,129 @@
+"""Subprocess worker for test_flax_linen.py: `jit` vs `data_parallel` on 4 CPU devices.
+
+Run with XLA_FLAGS=--xla_force_host_platform_device_count=4. Prints one JSON line.
+
+Decision (see docs/flax.md): with dropout, each device draws its own masks, so a
+data-parallel run cannot match the single-device run bit for bit. "Equal results"
+is therefore checked twice:
+- without dropout (rate 0) and with BatchNorm reducing its batch statistics over the
+  device axis (`axis_name="device"` under data_parallel), 8 SGD steps give the
+  same params and batch_stats as `jit` (max abs difference reported; SGD because
+  Adam turns float noise in the exactly-zero gradient of a bias before BatchNorm
+  into +-lr steps);
+- with dropout on, both runs reach the same train accuracy within a few points.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+from _flax_common import digits, train_batches
+from flax import nnx
+
+import ciclo
+
+LOSS = {"loss": optax.softmax_cross_entropy_with_integer_labels}
+
+
+class CNN(nn.Module):
+    dropout: float
+    axis_name: str | None
+
+    @nn.compact
+    def __call__(self, x, training: bool):
+        x = x.reshape((x.shape[0], 8, 8, 1))
+        x = nn.Conv(16, (3, 3))(x)
+        x = nn.BatchNorm(use_running_average=not training, axis_name=self.axis_name)(x)
+        x = nn.relu(x)
+        x = nn.Dropout(self.dropout, deterministic=not training)(x)
+        x = nn.max_pool(x, (2, 2), (2, 2)).reshape((x.shape[0], -1))
+        return nn.Dense(10)(x)
+
+
+class NNXNet(nnx.Module):
+    def __init__(self, axis_name, rngs):
+        self.l1 = nnx.Linear(64, 32, rngs=rngs)
+        self.bn = nnx.BatchNorm(32, axis_name=axis_name, rngs=rngs)
+        self.l2 = nnx.Linear(32, 10, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(nnx.relu(self.bn(self.l1(x))))
+
+
+def max_diff(a, b) -> float:
+    return max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def run(state, data, steps):
+    for batch in itertools.islice(data, steps):
+        _, state = state.train_step(batch)
+    return state.with_strategy("jit")
+
+
+def main() -> None:
+    t = time.time()
+    xt, yt, xe, ye = digits()
+    out = {"devices": jax.local_device_count()}
+    # 1. Linen CNN, BatchNorm over devices, no dropout: same numbers as jit.
+    finals = {}
+    for strategy in ("jit", "data_parallel"):
+        axis = "device" if strategy == "data_parallel" else None
+        state = ciclo.create_flax_state(
+            CNN(0.0, axis), xt[:1], optax.sgd(0.1), losses=LOSS, strategy=strategy
+        )
+        finals[strategy] = run(state, train_batches(xt, yt), 8)
+    out["linen_params_diff"] = max_diff(
+        finals["jit"].params, finals["data_parallel"].params
+    )
+    out["linen_batch_stats_diff"] = max_diff(
+        finals["jit"].batch_stats, finals["data_parallel"].batch_stats
+    )
+    # 2. The same CNN with dropout 0.2: each device draws its own masks, so only
+    # comparable training curves are expected (mean train accuracy, last 25 steps).
+    for strategy in ("jit", "data_parallel"):
+        axis = "device" if strategy == "data_parallel" else None
+        state = ciclo.create_flax_state(
+            CNN(0.2, axis),
+            xt[:1],
+            optax.adam(1e-2),
+            losses=LOSS,
+            metrics={"accuracy": lambda preds, target: preds.argmax(-1) == target},
+            strategy=strategy,
+        )
+        _, history, _ = ciclo.train_loop(state, train_batches(xt, yt), stop=100)
+        accuracy = np.mean(history.collect("accuracy")[-25:])
+        out[f"dropout_train_accuracy_{strategy}"] = float(accuracy)
+    # 3. NNX with BatchNorm over devices: same numbers as jit.
+    finals = {}
+    for strategy in ("jit", "data_parallel"):
+        axis = "device" if strategy == "data_parallel" else None
+        model = NNXNet(axis, nnx.Rngs(0))
+        state = ciclo.create_flax_state(
+            model, tx=optax.sgd(0.1), losses=LOSS, strategy=strategy
+        )
+        finals[strategy] = run(state, train_batches(xt, yt), 8)
+    out["nnx_params_diff"] = max_diff(
+        finals["jit"].params, finals["data_parallel"].params
+    )
+    out["nnx_batch_stats_diff"] = max_diff(
+        finals["jit"].batch_stats, finals["data_parallel"].batch_stats
+    )
+    out["seconds"] = time.time() - t
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
