@@ -173,3 +173,30 @@ def test_bad_inputs_are_clear_errors():
         three_values(scalar_state(), None)
     with pytest.raises(TypeError, match="needs a ciclo.managed.ManagedState"):
         three_values({"params": 1.0}, None)
+
+
+def test_donating_strategy_donates_in_training_but_not_in_evaluation():
+    @managed.step
+    def evaluate(state, batch):
+        x, y = batch
+        logs = ciclo.logs()
+        logs.add_metric(
+            "accuracy", jnp.mean(jnp.argmax(m.apply(state.params, x), -1) == y)
+        )
+        return logs, state
+
+    state = m.create("jit_donate")
+    before = jax.tree.leaves(state.params)[0]
+    data = m.dataset(steps=4)
+    # the test loop evaluates the train state at each epoch end and discards its own
+    # state; had evaluation donated, the next train step would get deleted buffers
+    state, history, _ = ciclo.train_loop(
+        state,
+        data,
+        {ciclo.on_train_step: [m.train_step], ciclo.on_test_step: [evaluate]},
+        test_dataset=lambda: data[:2],
+        epoch_duration=2,
+    )
+    assert before.is_deleted()
+    assert int(state.step) == 4
+    assert len(history.collect("accuracy_test")) == 2

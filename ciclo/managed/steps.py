@@ -120,7 +120,7 @@ class ManagedStep:
         compiled = self._compiled.get(strategy)
         if compiled is None:
             compiled = self._compiled[strategy] = strategy.compile(
-                self._build(strategy)
+                self._build(strategy), donate=strategy.donate and self.grad
             )
         logs, state = compiled(
             state, strategy.lift_batch(batch), elapsed if self._takes_elapsed else None

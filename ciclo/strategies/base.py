@@ -27,7 +27,7 @@ class Strategy:
 
     Attributes:
         name: the name it is registered under.
-        donate: whether the compiled step donates the incoming state's buffers.
+        donate: whether training steps donate the incoming state's buffers.
         max_in_flight: at most this many calls of one managed step may be queued
             on the devices before the next call waits for the oldest (None: no
             bound). A bound keeps async dispatch's overlap while capping the memory
@@ -36,7 +36,7 @@ class Strategy:
     Example:
         >>> import ciclo, jax
         >>> class Traced(ciclo.strategies.Strategy):
-        ...     def compile(self, fn):
+        ...     def compile(self, fn, *, donate=False):
         ...         return jax.jit(fn)
         >>> ciclo.register_strategy("my_jit", Traced("my_jit"), overwrite=True)
         >>> ciclo.get_strategy("my_jit").name
@@ -66,8 +66,14 @@ class Strategy:
         """Places a batch (split or shard it across devices)."""
         return batch
 
-    def compile(self, fn: Step) -> Step:
-        """Returns the compiled `fn(state, batch, elapsed) -> (logs, state)`."""
+    def compile(self, fn: Step, *, donate: bool = False) -> Step:
+        """Returns the compiled `fn(state, batch, elapsed) -> (logs, state)`.
+
+        `donate` is True for training steps of a donating strategy: the incoming
+        state's buffers may be reused. Evaluation steps (`managed.step`) are never
+        compiled with donation, since their input state is usually kept (a test
+        loop inside `train_loop` discards the state it ran on).
+        """
         return fn
 
     def mean(self, tree: Any) -> Any:

@@ -116,12 +116,12 @@ class DataParallel(Strategy):
         split = split_batch(batch, len(self.devices), self.name)
         return jax.device_put(split, self._sharding())
 
-    def compile(self, fn: Step) -> Step:
+    def compile(self, fn: Step, *, donate: bool = False) -> Step:
         return jax.pmap(
             fn,
             axis_name=self.axis,
             in_axes=(0, 0, None),
-            donate_argnums=(0,) if self.donate else (),
+            donate_argnums=(0,) if donate else (),
         )
 
     def mean(self, tree: Any) -> Any:

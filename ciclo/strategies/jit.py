@@ -30,5 +30,5 @@ class Jit(Strategy):
         # and the first step is traced with the same types as the following ones
         return jax.device_put(state)
 
-    def compile(self, fn: Step) -> Step:
-        return jax.jit(fn, donate_argnums=(0,) if self.donate else ())
+    def compile(self, fn: Step, *, donate: bool = False) -> Step:
+        return jax.jit(fn, donate_argnums=(0,) if donate else ())

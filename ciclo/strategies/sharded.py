@@ -91,14 +91,14 @@ class Sharded(Strategy):
 
         return jax.tree.map(shard, batch)
 
-    def compile(self, fn: Step) -> Step:
+    def compile(self, fn: Step, *, donate: bool = False) -> Step:
         replicated = self._replicated()
 
         def run(state, batch, elapsed):
             logs, state = fn(state, batch, elapsed)
             return logs, jax.lax.with_sharding_constraint(state, replicated)
 
-        return jax.jit(run, donate_argnums=(0,) if self.donate else ())
+        return jax.jit(run, donate_argnums=(0,) if donate else ())
 
     def reduce_logs(self, logs: Logs) -> Logs:
         logs = compute_stateful_metrics(logs)
