@@ -115,8 +115,8 @@ def test_register_custom_strategy_is_used_by_managed_steps():
     compiled = []
 
     class Counting(ciclo.Strategy):
-        def compile(self, fn):
-            compiled.append(fn)
+        def compile(self, fn, *, donate=False):
+            compiled.append((fn, donate))
             return jax.jit(fn)
 
     ciclo.register_strategy("counting", Counting("counting"), overwrite=True)
@@ -130,7 +130,7 @@ def test_register_custom_strategy_is_used_by_managed_steps():
     )
     for _ in range(3):
         _, state = double(state, None)
-    assert len(compiled) == 1
+    assert len(compiled) == 1 and compiled[0][1] is False
     np.testing.assert_allclose(state.params, [8.0, 8.0])
 
 
