@@ -80,13 +80,17 @@ def _scalar(value: Any) -> int | float | None:
 class History:
     """The committed logs of a run: one row per step that logged.
 
-    Values are kept on device when committed and brought to the host in batches,
-    `lag` steps behind (or all at once when read), so committing never blocks on
-    the device. Storage is column-wise: a logged scalar costs ~16 bytes.
+    Values are kept on device when committed and brought to the host in batches
+    (or all at once when read): every `lag` commits, the oldest rows whose values
+    are already computed are fetched in one `jax.device_get`, which does not wait
+    for the device. Only when `4 * lag` rows are still pending (the device is far
+    behind) does a commit wait for the oldest `lag` of them, which bounds the device
+    memory held by pending values; the device still has `3 * lag` steps queued
+    then. Storage is column-wise: a logged scalar costs ~16 bytes.
 
     Args:
-        lag: how many committed steps may stay on device before the oldest half is
-            fetched in one `jax.device_get`.
+        lag: how often (in commits) ready values are fetched; `4 * lag` bounds the
+            rows pending on device.
 
     Example:
         >>> import ciclo
@@ -136,8 +140,21 @@ class History:
         date.values.append(float(elapsed.date))
         self._rows += 1
         self._pending.append((row, keys, values))
-        if len(self._pending) >= 2 * self.lag:
-            self._flush(self.lag)
+        pending = len(self._pending)
+        if pending >= 4 * self.lag:
+            self._flush(self.lag)  # the device is far behind: wait for the oldest
+        elif pending % self.lag == 0:
+            self._flush(self._ready())
+
+    def _ready(self) -> int:
+        """How many of the oldest pending rows are computed (checked without waiting)."""
+        count = 0
+        for _, _, values in self._pending:
+            for value in values:
+                if isinstance(value, jax.Array) and not value.is_ready():
+                    return count
+            count += 1
+        return count
 
     def _column(self, key: tuple[str, str]) -> _Column:
         column = self._columns.get(key)
@@ -146,6 +163,8 @@ class History:
         return column
 
     def _flush(self, count: int | None = None) -> None:
+        if count == 0:
+            return
         pending = self._pending[:count] if count is not None else self._pending
         if not pending:
             return

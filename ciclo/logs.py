@@ -140,7 +140,7 @@ class Logs(dict):
             if not isinstance(entries, Mapping):
                 raise TypeError(
                     f"Collection {collection!r} must map entry names to values, got "
-                    f"{type(entries).__name__}: {entries!r}. Use "
+                    f"{type(entries).__name__}: {entries!r:.80}. Use "
                     f"logs.add_entry({collection!r}, name, value)."
                 )
         for collection, entries in other.items():

@@ -90,10 +90,31 @@ def test_device_values_are_fetched_lagged_in_batches(monkeypatch):
     monkeypatch.setattr(jax, "device_get", counting)
     history = ciclo.history(lag=10)
     _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(45)])
-    # pending reached 20 at commits 20, 30, 40: each fetched the oldest 10 at once
-    assert calls == [10, 10, 10]
+    # every 10 commits the computed (here: all) pending rows come in one fetch
+    assert calls == [10, 10, 10, 10]
     assert history.collect("v") == [float(i) for i in range(45)]
-    assert calls[-1] == 15  # reading fetches the rest
+    assert calls[-1] == 5  # reading fetches the rest
+
+
+@jax.jit
+def _slow(x):
+    return jax.lax.fori_loop(0, 200, lambda _, m: jnp.tanh(m @ m / 256.0), x).mean()
+
+
+def test_values_not_yet_computed_are_not_waited_for(monkeypatch):
+    calls = []
+    real = jax.device_get
+    monkeypatch.setattr(jax, "device_get", lambda x: calls.append(len(x)) or real(x))
+    _slow(jnp.ones((256, 256))).block_until_ready()  # compile
+    history = ciclo.history(lag=5)
+    slow = _slow(jnp.ones((256, 256)))  # ~100 ms of device work, dispatched async
+    _commit_steps(history, [_logs(metrics={"v": slow})])
+    _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(9)])
+    assert not slow.is_ready() and calls == []  # the oldest row is still computing
+    # far behind (4 * lag pending rows): a commit waits for the oldest lag rows
+    _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(10)])
+    assert calls == [5]
+    assert len(history.collect("v")) == 20
 
 
 def test_memory_per_logged_step_is_small():
