@@ -54,6 +54,12 @@ def create(strategy: str = "jit", **fields) -> managed.ManagedState:
     )
 
 
+class KeyedState(managed.ManagedState):
+    """A state with a typed PRNG key field (`jax.random.key`)."""
+
+    key: jax.Array
+
+
 TRACES: list[str] = []  # one entry per trace of train_step (any strategy)
 
 

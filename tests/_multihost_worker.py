@@ -44,6 +44,18 @@ assert logs.outputs.logits.shape == (local, 4), logs.outputs.logits.shape
 assert len(history.collect("metrics.loss")) == m.STEPS
 params = m.host_params(state)
 
+# a typed PRNG key in the state: it can't be device_put across processes as is
+keyed = m.KeyedState.create(
+    params=m.init_params(),
+    tx=m.optax.sgd(0.1),
+    strategy="sharded",
+    key=jax.random.key(3),
+)
+_, keyed = m.train_step(keyed, data[0])
+keyed = keyed.with_strategy("jit")
+assert int(keyed.step) == 1, keyed.step
+assert (jax.random.key_data(keyed.key) == jax.random.key_data(jax.random.key(3))).all()
+
 # a long loop with no host sync: without the strategy's bound on queued steps,
 # XLA:CPU + gloo collectives stalled after ~100-160 queued steps
 import itertools  # noqa: E402

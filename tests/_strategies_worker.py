@@ -114,6 +114,64 @@ extra["expected_masked_y"] = float(y[y > 1].mean())
 extra["expected_batch_mean"] = x.mean(axis=0)
 out["extra"] = extra
 
+
+# 5. round trip of a key and of a stateful metric held in the state; a metric
+# accumulated per device is merged by with_strategy("jit")
+class Carry(managed.ManagedState):
+    key: jax.Array
+    seen: clu_metrics.Average
+
+
+@managed.step
+def accumulate(state, batch):
+    seen = state.seen.merge(clu_metrics.Average.from_model_output(batch))
+    return None, state.replace(seen=seen)
+
+
+def carried(state) -> dict:
+    return {
+        "key": np.asarray(jax.random.key_data(state.key)),
+        "total": float(state.seen.total),
+        "count": int(state.seen.count),
+    }
+
+
+start = Carry.create(
+    params=jnp.zeros(()),
+    tx=m.optax.sgd(0.1),
+    key=jax.random.key(7),
+    seen=clu_metrics.Average.from_model_output(jnp.arange(3.0)),
+)
+dp = start.with_strategy("data_parallel")
+out["carry"] = {
+    "start": carried(start),
+    "round_trip": carried(dp.with_strategy("jit")),
+    "accumulated": carried(accumulate(dp, np.arange(8.0))[1].with_strategy("jit")),
+}
+
+
+# 6. data_parallel: a (state, batch) step on a 3-leaf state+batch (a pmap bug with
+# a None argument), integer metrics averaged, 0-d outputs not per device
+@managed.train_step
+def small(state, batch):
+    logs = ciclo.logs()
+    logs.add_loss("loss", jnp.mean((state.params - batch) ** 2))
+    logs.add_metric("above_2", jnp.sum(batch > 2))
+    logs.add_output("mean", jnp.mean(batch))
+    return logs, state
+
+
+small_logs, _ = small(
+    managed.ManagedState.create(
+        params=jnp.zeros(()), tx=m.optax.sgd(0.1), strategy="data_parallel"
+    ),
+    np.arange(8.0),
+)
+out["small"] = {
+    "above_2": float(small_logs.metrics.above_2),
+    "mean": np.asarray(small_logs.outputs.mean),
+}
+
 with open(sys.argv[1], "wb") as f:
     pickle.dump(out, f)
 print("ok")

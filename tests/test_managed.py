@@ -200,3 +200,56 @@ def test_donating_strategy_donates_in_training_but_not_in_evaluation():
     assert before.is_deleted()
     assert int(state.step) == 4
     assert len(history.collect("accuracy_test")) == 2
+
+
+def count_compiles(fn) -> int:
+    """How many XLA compilations `fn()` triggers."""
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        fn()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return len(events)
+
+
+def test_data_parallel_placement_compiles_once_not_per_from_host():
+    strategy = ciclo.get_strategy("data_parallel")
+    host = m.create("jit")
+    strategy.from_host(host)  # the first placement of this structure compiles
+    assert count_compiles(lambda: [strategy.from_host(host) for _ in range(3)]) == 0
+
+
+@pytest.mark.parametrize("name", ["jit_donate", "data_parallel_donate"])
+def test_donating_strategy_copies_the_callers_arrays_even_when_aliased(name):
+    @managed.train_step
+    def step(state, batch):
+        logs = ciclo.logs()
+        logs.add_loss("loss", jnp.sum(state.params["a"] * state.params["b"]))
+        return logs, state
+
+    shared = jnp.ones(3)
+    state = managed.ManagedState.create(
+        params={"a": shared, "b": shared}, tx=optax.sgd(0.5), strategy=name
+    )
+    _, state = step(state, None)
+    assert not shared.is_deleted()
+    np.testing.assert_allclose(state.with_strategy("jit").params["a"], [0.5, 0.5, 0.5])
+
+
+def test_create_accepts_a_strategy_object_equal_to_the_registered_one():
+    state = managed.ManagedState.create(
+        params=jnp.zeros(2), tx=optax.sgd(0.1), strategy=ciclo.strategies.Jit()
+    )
+    assert state.strategy == "jit" and not ciclo.get_strategy("jit").donate
+    with pytest.raises(ValueError, match="already registered"):
+        managed.ManagedState.create(
+            params=jnp.zeros(2),
+            tx=optax.sgd(0.1),
+            strategy=ciclo.strategies.Jit("jit", donate=True),
+        )

@@ -139,3 +139,20 @@ def test_register_strategy_refuses_duplicates_and_incomplete_objects():
         ciclo.register_strategy("jit", ciclo.Strategy("jit"))
     with pytest.raises(TypeError, match="lacks"):
         ciclo.register_strategy("broken", object())
+
+
+def test_data_parallel_round_trip_keeps_key_and_merges_metrics_in_the_state(results):
+    carry = results["carry"]
+    start, back = carry["start"], carry["round_trip"]
+    np.testing.assert_array_equal(back["key"], start["key"])
+    assert (back["total"], back["count"]) == (start["total"], start["count"])
+    # every device merged its 2 rows of arange(8): the sum of all is merged back
+    assert carry["accumulated"]["count"] == start["count"] + 8
+    assert carry["accumulated"]["total"] == start["total"] + 28.0
+
+
+def test_data_parallel_small_two_argument_step_and_log_reductions(results):
+    small = results["small"]
+    # per-device counts of x > 2 in [0 1 | 2 3 | 4 5 | 6 7]: 0, 1, 2, 2
+    assert small["above_2"] == pytest.approx(1.25)
+    assert small["mean"].shape == () and float(small["mean"]) == pytest.approx(3.5)

@@ -15,9 +15,24 @@ from ciclo.strategies.registry import get_strategy, register_strategy
 __all__ = ["ManagedState"]
 
 
+def _public(strategy: Strategy) -> tuple[type, dict[str, Any]]:
+    attributes = {k: v for k, v in vars(strategy).items() if not k.startswith("_")}
+    return type(strategy), attributes
+
+
+def _registered(name: str) -> Strategy | None:
+    try:
+        return get_strategy(name)
+    except ValueError:
+        return None
+
+
 def _strategy_name(strategy: str | Strategy) -> Strategy:
     if isinstance(strategy, Strategy):
-        register_strategy(strategy.name, strategy)  # same object: no-op
+        registered = _registered(strategy.name)
+        if registered is not None and _public(registered) == _public(strategy):
+            return registered  # the same one, or e.g. `Jit()` for "jit"
+        register_strategy(strategy.name, strategy)  # raises if the name is taken
     return get_strategy(strategy)
 
 
@@ -61,14 +76,17 @@ class ManagedState(train_state.TrainState):
             apply_fn: optional function stored with the state (e.g. `module.apply`).
             strategy: a registered strategy name (`"eager"`, `"jit"`,
                 `"jit_donate"`, `"data_parallel"`, `"data_parallel_donate"`,
-                `"sharded"`) or a `Strategy` object (registered under its name).
+                `"sharded"`) or a `Strategy` object: registered under its name,
+                or, when an equal one (same type and public attributes, e.g.
+                `Jit()` for `"jit"`) is registered there, that one is used.
             **fields: values for the fields that subclasses add.
 
         Returns:
             The new state, placed by `strategy.from_host`.
 
         Raises:
-            ValueError: for an unknown strategy name (lists the registered ones).
+            ValueError: for an unknown strategy name (lists the registered ones),
+                or a `Strategy` object whose name is taken by a different one.
 
         Example:
             >>> import jax.numpy as jnp, optax

@@ -14,7 +14,9 @@ __all__ = ["Jit"]
 class Jit(Strategy):
     """Compiles the step with `jax.jit`; `donate=True` donates the state's buffers.
 
-    With donation the state passed in is consumed: keep only the returned one.
+    With donation the state passed in to a training step is consumed: keep only
+    the returned one. `from_host` (`ManagedState.create`, `with_strategy`) copies
+    the arrays it is given, so the caller's arrays are never donated.
 
     Example:
         >>> import ciclo
@@ -28,7 +30,9 @@ class Jit(Strategy):
     def from_host(self, state: Any) -> Any:
         # committed device arrays (not Python/numpy leaves), so that donation works
         # and the first step is traced with the same types as the following ones
-        return jax.device_put(state)
+        # a donating strategy copies: the caller's arrays must not be consumed, and
+        # a buffer shared by two leaves can't be donated twice
+        return jax.device_put(state, may_alias=False if self.donate else None)
 
     def compile(self, fn: Step, *, donate: bool = False) -> Step:
         return jax.jit(fn, donate_argnums=(0,) if donate else ())

@@ -11,7 +11,12 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ciclo.logs import OUTPUTS, Logs
-from ciclo.strategies.base import Step, Strategy, compute_stateful_metrics
+from ciclo.strategies.base import (
+    Step,
+    Strategy,
+    compute_stateful_metrics,
+    tree_is_key,
+)
 
 __all__ = ["Sharded"]
 
@@ -61,7 +66,26 @@ class Sharded(Strategy):
         return NamedSharding(self.mesh, P())
 
     def from_host(self, state: Any) -> Any:
-        return jax.device_put(state, self._replicated())
+        # typed PRNG keys can't be put on devices of other processes: put their
+        # raw data (from the host) and wrap it again
+        keys = jax.tree.map(tree_is_key, state)
+        raw = jax.tree.map(
+            lambda x, key: np.asarray(jax.random.key_data(x)) if key else x,
+            state,
+            keys,
+        )
+        # a donating strategy must not consume (or donate twice) the caller's arrays
+        placed = jax.device_put(
+            raw, self._replicated(), may_alias=False if self.donate else None
+        )
+        return jax.tree.map(
+            lambda x, old, key: (
+                jax.random.wrap_key_data(x, impl=jax.random.key_impl(old)) if key else x
+            ),
+            placed,
+            state,
+            keys,
+        )
 
     def to_host(self, state: Any) -> Any:
         return jax.tree.map(_local_copy, state)
