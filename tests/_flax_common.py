@@ -37,3 +37,42 @@ def train_batches(x, y, batch: int = 64, seed: int = 0) -> Iterator[tuple]:
 def eval_batches(x, y, batch: int = TEST_BATCH) -> list[tuple]:
     """The whole set in equal batches (`len(x)` must be a multiple of `batch`)."""
     return [(x[i : i + batch], y[i : i + batch]) for i in range(0, len(x), batch)]
+
+
+def assert_flax_states_equal(a, b) -> None:
+    """The values of two `FlaxState`s equal: params, batch_stats, opt_state, key,
+    step, collections and metric states (typed keys compared by key data)."""
+    import jax
+
+    def data(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return np.asarray(x)
+
+    assert a.strategy == b.strategy
+    for field in (
+        "params",
+        "batch_stats",
+        "opt_state",
+        "key",
+        "step",
+        "collections",
+        "metric_states",
+    ):
+        x, y = getattr(a, field), getattr(b, field)
+        assert jax.tree.structure(x) == jax.tree.structure(y), field
+        for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y), strict=True):
+            np.testing.assert_array_equal(data(u), data(v), err_msg=field)
+
+
+def checkpoint_round_trip(make, batches, directory):
+    """Trains `make(key=7)` 3 steps saving with `ciclo.checkpoint`, restores into
+    `make(key=0)`; returns `(trained, restored, elapsed)`."""
+    import ciclo
+
+    ckpt = ciclo.checkpoint(directory)
+    trained, _, _ = ciclo.train_loop(
+        make(key=7), batches, callbacks=[ckpt], epoch_duration=3, stop=3
+    )
+    restored, elapsed = ciclo.restore(directory, make(key=0))
+    return trained, restored, elapsed

@@ -1,15 +1,18 @@
-"""Subprocess worker for test_flax_linen.py: `jit` vs `data_parallel` on 4 CPU devices.
+"""Subprocess worker for test_flax_linen.py: `jit` vs `data_parallel` / `sharded`
+on 4 CPU devices.
 
 Run with XLA_FLAGS=--xla_force_host_platform_device_count=4. Prints one JSON line.
 
-Decision (see docs/flax.md): with dropout, each device draws its own masks, so a
-data-parallel run cannot match the single-device run bit for bit. "Equal results"
-is therefore checked twice:
+Decision (see README.md, "Data parallelism and BatchNorm"): with dropout, each
+device draws its own masks, so a data-parallel run cannot match the single-device
+run bit for bit. "Equal results" is therefore checked three ways:
 - without dropout (rate 0) and with BatchNorm reducing its batch statistics over the
   device axis (`axis_name="device"` under data_parallel), 8 SGD steps give the
   same params and batch_stats as `jit` (max abs difference reported; SGD because
   Adam turns float noise in the exactly-zero gradient of a bias before BatchNorm
   into +-lr steps);
+- the same BatchNorm module without `axis_name` under `sharded` (one logical
+  computation over the global batch) gives the `jit` numbers too;
 - with dropout on, both runs reach the same train accuracy within a few points.
 """
 
@@ -90,6 +93,15 @@ def main() -> None:
     )
     out["linen_batch_stats_diff"] = max_diff(
         finals["jit"].batch_stats, finals["data_parallel"].batch_stats
+    )
+    # 1b. The jit module itself (BatchNorm without axis_name) under sharded.
+    state = ciclo.create_flax_state(
+        CNN(0.0, None), xt[:1], optax.sgd(0.1), losses=LOSS, strategy="sharded"
+    )
+    sharded = run(state, train_batches(xt, yt), 8)
+    out["sharded_params_diff"] = max_diff(finals["jit"].params, sharded.params)
+    out["sharded_batch_stats_diff"] = max_diff(
+        finals["jit"].batch_stats, sharded.batch_stats
     )
     # 2. The same CNN with dropout 0.2: each device draws its own masks, so only
     # comparable training curves are expected (mean train accuracy, last 25 steps).

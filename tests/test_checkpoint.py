@@ -214,3 +214,26 @@ def test_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match="step 5"):
         ckpt.restore(step=5)
     ckpt.close()
+
+
+def managed_state(strategy, value):
+    params = {"w": jnp.full((3,), value), "b": jnp.float32(value)}
+    return ciclo.managed.ManagedState.create(params=params, tx=TX, strategy=strategy)
+
+
+@pytest.mark.parametrize(
+    ("saved", "restored"), [("data_parallel", "jit"), ("jit", "data_parallel")]
+)
+def test_managed_state_moves_between_strategies(tmp_path, saved, restored):
+    # data_parallel replicates even on 1 device: params (1, 3) against jit's (3,)
+    ckpt = ciclo.checkpoint(tmp_path)
+    ckpt(ciclo.Elapsed.create(steps=2), managed_state(saved, 1.5))
+    ckpt.close()
+    target = managed_state(restored, 0.0)
+    state, elapsed = ciclo.restore(tmp_path, target)
+    assert state.strategy == restored and elapsed.steps == 3
+    host = state.with_strategy("eager")
+    assert_trees_equal(host.params, managed_state("eager", 1.5).params)
+    assert_trees_equal(
+        jax.tree.map(jnp.shape, state.params), jax.tree.map(jnp.shape, target.params)
+    )

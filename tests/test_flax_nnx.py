@@ -11,7 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _flax_common import digits, eval_batches, train_batches
+from _flax_common import (
+    assert_flax_states_equal,
+    checkpoint_round_trip,
+    digits,
+    eval_batches,
+    train_batches,
+)
 from clu import metrics as cm
 from flax import nnx
 
@@ -125,3 +131,21 @@ def test_nnx_errors():
         ciclo.create_flax_state(model)
     state = ciclo.create_flax_state(model, optax.sgd(0.1))  # tx positionally works
     assert state.params["kernel"].shape == (3, 1)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    def make(key):
+        return ciclo.create_flax_state(
+            Net(nnx.Rngs(0)),
+            tx=optax.adam(1e-2),
+            key=key,
+            losses={"mse": lambda preds: preds**2},
+        )
+
+    x = np.random.default_rng(2).normal(size=(8, 3)).astype(np.float32)
+    batches = [(x, np.zeros((8, 1), np.float32))] * 3
+    trained, restored, elapsed = checkpoint_round_trip(make, batches, tmp_path)
+    assert elapsed.steps == 3 and int(restored.step) == 3
+    assert_flax_states_equal(restored, trained)
+    (a, _), (b, _) = trained.train_step(batches[0]), restored.train_step(batches[0])
+    assert float(a.losses.mse) == float(b.losses.mse)

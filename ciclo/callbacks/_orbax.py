@@ -5,6 +5,13 @@ batches trained into the state, with two items: `state` (the pytree, `StandardSa
 a bare array is wrapped in a one-element list) and `elapsed` (JSON). Checkpoints
 saved with a monitor carry orbax metrics `{"score", "value", "monitor", "mode"}`,
 `score` oriented so that higher is better.
+
+A managed state (one whose `strategy` attribute names a registered strategy, such
+as `ManagedState` / `FlaxState`) is saved in its single-device host layout
+(`strategy.to_host`) and restored into the host layout of the target, then placed
+with the target's strategy (`from_host`): a checkpoint moves freely between
+strategies and device counts (e.g. saved under `data_parallel` on 8 devices,
+restored under `jit` on one).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from ciclo.time import Elapsed
 __all__ = [
     "ITEMS",
     "elapsed_json",
+    "host_layout",
     "is_leaf",
     "manager",
     "path",
@@ -58,6 +66,30 @@ def manager(directory: epath.Path, **options: Any) -> ocp.CheckpointManager:
         item_names=ITEMS,
         options=ocp.CheckpointManagerOptions(**options),
     )
+
+
+def strategy_of(state: Any) -> Any:
+    """The registered strategy a managed state names in `state.strategy`, or None.
+
+    Duck-typed (any object with a `str` `strategy` attribute naming a registered
+    strategy), so that this module needs no import of `ciclo.managed`.
+    """
+    name = getattr(state, "strategy", None)
+    if not isinstance(name, str):
+        return None
+    # imported here: ciclo.callbacks is imported before ciclo.strategies
+    from ciclo.strategies.registry import get_strategy
+
+    try:
+        return get_strategy(name)
+    except ValueError:
+        return None
+
+
+def host_layout(state: Any) -> Any:
+    """The state as saved: a managed state in its single-device host layout."""
+    strategy = strategy_of(state)
+    return state if strategy is None else strategy.to_host(state)
 
 
 def is_leaf(state: Any) -> bool:
@@ -111,11 +143,16 @@ def restore_from(
     items = mngr.restore(step, args=ocp.args.Composite(elapsed=ocp.args.JsonRestore()))
     e = items["elapsed"]
     wrapped = bool(e.get("wrapped", False))
+    strategy = strategy_of(target_state)
     if target_state is None:
         state_args = ocp.args.StandardRestore()
     else:
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target_state)
+        host = target_state if strategy is None else strategy.to_host(target_state)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, host)
         state_args = ocp.args.StandardRestore([abstract] if wrapped else abstract)
     state = mngr.restore(step, args=ocp.args.Composite(state=state_args))["state"]
+    state = state[0] if wrapped else state
+    if strategy is not None:
+        state = strategy.from_host(state)
     elapsed = Elapsed(int(e["steps"]), int(e["samples"]), e["date"], e["date_start"])
-    return (state[0] if wrapped else state), elapsed
+    return state, elapsed

@@ -13,6 +13,10 @@ back silently), combined as `AnyPreservationPolicy([LatestN(1), BestN(keep)])`.
 A directory is one timeline: saving step `s` first deletes checkpoints at steps
 `>= s` left there by an earlier run (with a warning), then saves; earlier steps are
 kept and take part in retention, so a resumed run continues its directory.
+
+A managed state (`ManagedState`, `FlaxState`) is saved in its single-device host
+layout and restored into the target's strategy, so a checkpoint saved under one
+strategy or device count restores under any other.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ def restore(
         directory: the checkpoint directory.
         target_state: a state with the structure, dtypes and shardings to restore
             into (e.g. a freshly initialised one); None returns orbax's raw pytree.
+            A managed state is restored under its own strategy, whatever the
+            strategy and device count the checkpoint was saved with.
         best: restore the best checkpoint by the monitored metric instead of the
             latest (the default, which is what resuming needs).
         step: restore this step instead.
@@ -229,6 +235,7 @@ class checkpoint:
                 "monitor": self.monitor.name,
                 "mode": self.monitor.mode,
             }
+        state = _orbax.host_layout(state)
         wrapped = _orbax.is_leaf(state)
         manager.save(
             step,
