@@ -42,9 +42,12 @@ class _Column:
                 values.append(scalar)
                 return
             values = self.values = list(values)
-        if isinstance(value, np.ndarray | np.generic) and value.shape == ():
-            if value.dtype.kind == "b":
-                value = bool(value)  # a singleton: 8 bytes in the list
+        if (
+            isinstance(value, np.ndarray | np.generic)
+            and value.shape == ()
+            and value.dtype.kind == "b"
+        ):
+            value = bool(value)  # a singleton: 8 bytes in the list
         values.append(value)
 
 

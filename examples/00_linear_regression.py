@@ -1,7 +1,7 @@
 """Linear regression in pure JAX (no Flax), driven by `ciclo.loop`.
 
-    python examples/00_linear_regression.py            # 2,000 steps
-    CICLO_EXAMPLE_STEPS=50 python examples/00_linear_regression.py
+python examples/00_linear_regression.py            # 2,000 steps
+CICLO_EXAMPLE_STEPS=50 python examples/00_linear_regression.py
 """
 
 import os

@@ -330,7 +330,7 @@ def test_bad_logs_shape_names_the_callback():
 
 def test_bad_history_elapsed_and_arity_fail_before_running():
     ran = []
-    good = lambda s, b: ran.append(1)  # noqa: E731
+    good = lambda s, b: ran.append(1)
     with pytest.raises(TypeError, match="`history` must be a ciclo.History"):
         ciclo.loop(0, [0], {ALWAYS: good}, history=[])
     with pytest.raises(TypeError, match="`elapsed` must be a ciclo.Elapsed"):
