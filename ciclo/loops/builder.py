@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ciclo.loop import _runner, loop
+from ciclo.loop import _finalizers, _runner, loop
 from ciclo.loops.named import LoopKind, aliases_of, on_reset_step, resolve
 
 __all__ = ["Registered", "collect", "run"]
@@ -179,25 +179,15 @@ class _BatchEnd:
 class _Finalizers:
     """Runs the `__loop_end__` hooks of the loop's callback objects, each once."""
 
-    def __init__(self, objects: list[Any]):
-        self.objects = objects
+    def __init__(self, hooks: list[Any]):
+        self.hooks = hooks
 
     def __loop_callback__(self, loop_state: Any) -> None:
         return None
 
     def __loop_end__(self, loop_state: Any) -> None:
-        for obj in self.objects:
-            obj.__loop_end__(loop_state)
-
-
-def _unique_finalizers(groups: list[list[Any]]) -> list[Any]:
-    seen, out = set(), []
-    for callbacks in groups:
-        for cb in callbacks:
-            if hasattr(cb, "__loop_end__") and id(cb) not in seen:
-                seen.add(id(cb))
-                out.append(cb)
-    return out
+        for hook in self.hooks:
+            hook(loop_state)
 
 
 def run(
@@ -280,7 +270,7 @@ def run(
     on_end: list[Any] = []
     if named[kind.end]:
         on_end.append(group(named[kind.end], repr(kind.end), defer=False))
-    finalizers = _unique_finalizers([*used, registered.finalizers])
+    finalizers = _finalizers({}, *used, registered.finalizers)
     if finalizers:
         on_end.append(_Finalizers(finalizers))
     return loop(state, dataset, tasks, on_start=on_start, on_end=on_end, **loop_kwargs)
