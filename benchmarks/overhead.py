@@ -113,7 +113,9 @@ def main() -> None:
             out = _device_logs(x, y)
         jax.block_until_ready(out)
         best = min(best, time.perf_counter() - start)
-    print(f"{'(jitted step alone, for loop)':28s} {best / len(batches) * 1e6:6.2f} us/step")
+    print(
+        f"{'(jitted step alone, for loop)':28s} {best / len(batches) * 1e6:6.2f} us/step"
+    )
     if args.history_steps:
         size = history_bytes_per_scalar(args.history_steps)
         print(f"history: {size:.1f} bytes per logged scalar at {args.history_steps}")

@@ -1,53 +1,95 @@
-"""ciclo: a functional training-loops library for JAX."""
+"""ciclo: a functional training-loops library for JAX.
 
-from ciclo.time import Elapsed, Period, at, elapse
-from ciclo.logs import Logs, logs
-from ciclo.schedules.base import Schedule
+The loop language (time, schedules, `loop`, logs, history, the predefined loops)
+needs only jax, numpy and optax. Callbacks and integrations that need more (orbax
+checkpoints, pkbar/tqdm bars, Flax, the managed strategies) are imported when first
+used; a missing optional dependency raises an `ImportError` naming the extra to
+install.
 
-# schedules
-from ciclo.schedules import after, always, every, never, piecewise
+Example:
+    >>> import ciclo
+    >>> _, history, elapsed = ciclo.loop(0, range(3), {ciclo.every(1): ciclo.noop})
+    >>> elapsed.steps
+    3
+"""
 
-# history and the loop
-from ciclo.history import History, history
-from ciclo.loop import LoopState, loop
-from ciclo import callbacks
+from __future__ import annotations
 
-# predefined loops, named schedules and callbacks
-from ciclo.loops import (
-    on_epoch_end,
-    on_predict_batch_begin,
-    on_predict_batch_end,
-    on_predict_begin,
-    on_predict_end,
-    on_predict_step,
-    on_reset_step,
-    on_test_batch_begin,
-    on_test_batch_end,
-    on_test_begin,
-    on_test_end,
-    on_test_step,
-    on_train_batch_begin,
-    on_train_batch_end,
-    on_train_begin,
-    on_train_end,
-    on_train_step,
-    predict_loop,
-    test_loop,
-    train_loop,
-)
-from ciclo.callbacks.early_stopping import early_stopping
-from ciclo.callbacks.inner_loop import inner_loop
-from ciclo.callbacks.noop import noop
-from ciclo.callbacks.keras_bar import keras_bar
-from ciclo.callbacks.tqdm_bar import tqdm_bar
-from ciclo.callbacks.checkpoint import checkpoint, restore
+import importlib
+from typing import Any
 
-# managed API and strategies
-from ciclo import managed, strategies
-from ciclo.strategies import Strategy, get_strategy, register_strategy
+from ciclo._time import Elapsed as Elapsed
+from ciclo._time import Period as Period
+from ciclo._time import at as at
+from ciclo._time import elapse as elapse
+from ciclo._logs import Logs as Logs
+from ciclo._logs import logs as logs
+from ciclo._history import History as History
+from ciclo._history import history as history
+from ciclo._callback import inject as inject
+from ciclo._schedules import Schedule as Schedule
+from ciclo._schedules import after as after
+from ciclo._schedules import always as always
+from ciclo._schedules import every as every
+from ciclo._schedules import never as never
+from ciclo._schedules import piecewise as piecewise
+from ciclo._loop import LoopState as LoopState
+from ciclo._loop import loop as loop
+from ciclo._loops.named import on_epoch_end as on_epoch_end
+from ciclo._loops.named import on_predict_batch_begin as on_predict_batch_begin
+from ciclo._loops.named import on_predict_batch_end as on_predict_batch_end
+from ciclo._loops.named import on_predict_begin as on_predict_begin
+from ciclo._loops.named import on_predict_end as on_predict_end
+from ciclo._loops.named import on_predict_step as on_predict_step
+from ciclo._loops.named import on_reset_step as on_reset_step
+from ciclo._loops.named import on_test_batch_begin as on_test_batch_begin
+from ciclo._loops.named import on_test_batch_end as on_test_batch_end
+from ciclo._loops.named import on_test_begin as on_test_begin
+from ciclo._loops.named import on_test_end as on_test_end
+from ciclo._loops.named import on_test_step as on_test_step
+from ciclo._loops.named import on_train_batch_begin as on_train_batch_begin
+from ciclo._loops.named import on_train_batch_end as on_train_batch_end
+from ciclo._loops.named import on_train_begin as on_train_begin
+from ciclo._loops.named import on_train_end as on_train_end
+from ciclo._loops.named import on_train_step as on_train_step
+from ciclo._loops.predefined import predict_loop as predict_loop
+from ciclo._loops.predefined import test_loop as test_loop
+from ciclo._loops.predefined import train_loop as train_loop
+from ciclo import callbacks as callbacks
+from ciclo.callbacks._early_stopping import early_stopping as early_stopping
+from ciclo.callbacks._inner_loop import inner_loop as inner_loop
+from ciclo.callbacks._noop import noop as noop
 
-# Flax state factories
-from ciclo.flax import FlaxState, create_flax_state
+# name -> (module, attribute): imported on first access (they pull in orbax, pkbar,
+# tqdm, flax or einop).
+_LAZY = {
+    "keras_bar": ("ciclo.callbacks._keras_bar", "keras_bar"),
+    "tqdm_bar": ("ciclo.callbacks._tqdm_bar", "tqdm_bar"),
+    "checkpoint": ("ciclo.callbacks._checkpoint", "checkpoint"),
+    "restore": ("ciclo.callbacks._checkpoint", "restore"),
+    "managed": ("ciclo.managed", None),
+    "Strategy": ("ciclo._strategies", "Strategy"),
+    "register_strategy": ("ciclo._strategies", "register_strategy"),
+    "get_strategy": ("ciclo._strategies", "get_strategy"),
+    "create_flax_state": ("ciclo._flax", "create_flax_state"),
+    "FlaxState": ("ciclo._flax", "FlaxState"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'ciclo' has no attribute {name!r}")
+    module_name, attribute = target
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "Elapsed",
@@ -69,6 +111,7 @@ __all__ = [
     "every",
     "get_strategy",
     "history",
+    "inject",
     "inner_loop",
     "keras_bar",
     "logs",
@@ -97,7 +140,6 @@ __all__ = [
     "predict_loop",
     "register_strategy",
     "restore",
-    "strategies",
     "test_loop",
     "tqdm_bar",
     "train_loop",

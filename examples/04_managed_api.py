@@ -119,7 +119,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--strategy",
         default="jit",
-        help=f"one of {ciclo.strategies.registered_strategies()}",
+        help="one of eager, jit, jit_donate, data_parallel, data_parallel_donate, sharded",
     )
     args = parser.parse_args()
     accuracy = main(args.steps, args.strategy)

@@ -39,7 +39,9 @@ def _train(es, **kwargs):
 
 def test_stops_and_restores_best_weights():
     # test loss after batches 2, 4, 6, 8, 10: 16, 4, 0 (best, after 6), 4, 16
-    es = ciclo.early_stopping("loss_test", patience=4, restore_best_weights=True)
+    es = ciclo.early_stopping(
+        "metrics.loss_test", patience=4, restore_best_weights=True
+    )
     state, history, elapsed = _train(es)
     assert elapsed.steps == 10  # stopped at the epoch end 4 steps after the best
     # elapsed values count the batch just trained on (what the state consumed)
@@ -66,7 +68,9 @@ def test_callbacks_after_it_still_run_in_the_stopping_batch():
         def on_epoch_end(self, state, batch, elapsed):
             self.saved.append((elapsed.steps, state.n))
 
-    es = ciclo.early_stopping("loss_test", patience=4, restore_best_weights=True)
+    es = ciclo.early_stopping(
+        "metrics.loss_test", patience=4, restore_best_weights=True
+    )
     saver = Saver()
     state, _, elapsed = ciclo.train_loop(
         State(0, np.zeros(2)),
@@ -84,14 +88,14 @@ def test_callbacks_after_it_still_run_in_the_stopping_batch():
 def test_baseline_patience_counts_from_the_loop_start():
     # test loss after batches 2, 4: 16, 4 — neither beats the baseline, so the
     # patience of 4 steps, counted from the loop start, ends after batch 4
-    es = ciclo.early_stopping("loss_test", patience=4, baseline=3.5)
+    es = ciclo.early_stopping("metrics.loss_test", patience=4, baseline=3.5)
     _, _, elapsed = _train(es)
     assert elapsed.steps == 4 and es.stopped_elapsed.steps == 4
     assert es.best == 3.5 and es.best_elapsed.steps == 0
 
 
 def test_explicit_task_and_missing_metric_error():
-    es = ciclo.early_stopping("loss_test", patience=0)
+    es = ciclo.early_stopping("metrics.loss_test", patience=0)
     _, _, elapsed = ciclo.train_loop(
         State(0, np.zeros(2)),
         range(100),

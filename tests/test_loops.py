@@ -303,7 +303,7 @@ def clock(monkeypatch):
     """ciclo's wall clock, moved only by the test (`clock.now += seconds`)."""
     fake = types.SimpleNamespace(now=0.0)
     fake.time = lambda: fake.now
-    monkeypatch.setattr(importlib.import_module("ciclo.time"), "_time", fake)
+    monkeypatch.setattr(importlib.import_module("ciclo._time"), "_time", fake)
     return fake
 
 
@@ -380,7 +380,7 @@ def test_a_stop_request_takes_effect_at_the_end_of_the_batch():
 
     def stop(state, batch, elapsed, loop_state):
         events.append(("stop", elapsed.steps))
-        loop_state.stop_iteration = True
+        loop_state.stop_after_batch()
 
     data = iter(range(100))
     tasks = {
@@ -415,6 +415,25 @@ def test_a_stop_request_takes_effect_at_the_end_of_the_batch():
     }
     _, _, elapsed = ciclo.test_loop(None, range(5), tasks)
     assert events == [("stop", 0), ("batch_end", 0)] and elapsed.steps == 1
+
+
+def test_stop_iteration_ends_the_loop_after_the_current_callback():
+    events = []
+
+    def stop(state, batch, elapsed, loop_state):
+        events.append(("stop", elapsed.steps))
+        loop_state.stop_iteration = True
+
+    data = iter(range(100))
+    tasks = {
+        ciclo.on_epoch_end: [stop, _recorder(events, "after")],
+        ciclo.on_train_batch_end: _recorder(events, "batch_end"),
+        ciclo.on_train_end: _recorder(events, "end"),
+    }
+    _, _, elapsed = ciclo.train_loop(None, data, tasks, epoch_duration=2)
+    # as in ciclo.loop: nothing else of the batch runs; the batch still counts
+    assert events == [("batch_end", 0), ("stop", 1), ("end", 2)]
+    assert elapsed.steps == 2 and next(data) == 2
 
 
 def test_keyboard_interrupt_in_test_loop_ends_training():

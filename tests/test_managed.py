@@ -12,6 +12,7 @@ from clu import metrics as clu_metrics
 
 import ciclo
 from ciclo import managed
+from ciclo._strategies import Jit as _Jit
 
 
 def scalar_state(strategy: str = "jit", value: float = 0.0) -> managed.ManagedState:
@@ -244,12 +245,12 @@ def test_donating_strategy_copies_the_callers_arrays_even_when_aliased(name):
 
 def test_create_accepts_a_strategy_object_equal_to_the_registered_one():
     state = managed.ManagedState.create(
-        params=jnp.zeros(2), tx=optax.sgd(0.1), strategy=ciclo.strategies.Jit()
+        params=jnp.zeros(2), tx=optax.sgd(0.1), strategy=_Jit()
     )
     assert state.strategy == "jit" and not ciclo.get_strategy("jit").donate
     with pytest.raises(ValueError, match="already registered"):
         managed.ManagedState.create(
             params=jnp.zeros(2),
             tx=optax.sgd(0.1),
-            strategy=ciclo.strategies.Jit("jit", donate=True),
+            strategy=_Jit("jit", donate=True),
         )

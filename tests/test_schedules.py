@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ciclo
+from ciclo._schedules import fresh as _fresh
 
 DATE_START = 1_700_000_000.0
 FEW = settings(max_examples=60, deadline=None)
@@ -337,7 +338,7 @@ def test_schedule_reused_by_two_loops_shares_no_state():
 
 def test_docstring_examples_run():
     for name in ("base", "every", "after", "piecewise", "constant"):
-        module = importlib.import_module(f"ciclo.schedules.{name}")
+        module = importlib.import_module(f"ciclo._schedules.{name}")
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, name
         assert result.attempted > 0, name
@@ -548,10 +549,10 @@ def test_combinators_are_set_operations_of_independent_runs(a, b, seq):
 @given(spec_trees(), sequences(), sequences())
 def test_fresh_isolates_runs(spec, seq1, seq2):
     shared = build(spec)
-    first = run(ciclo.schedules.fresh(shared), seq1)
-    second = run(ciclo.schedules.fresh(shared), seq2)
+    first = run(_fresh(shared), seq1)
+    second = run(_fresh(shared), seq2)
     assert first == run(build(spec), seq1)
     assert second == run(build(spec), seq2)
     # a schedule already used directly still gives a clean copy
     run(shared, seq1)
-    assert run(ciclo.schedules.fresh(shared), seq2) == run(build(spec), seq2)
+    assert run(_fresh(shared), seq2) == run(build(spec), seq2)

@@ -1,5 +1,38 @@
-"""Callbacks shipped with ciclo, one per module; `LoopElement` is their protocol."""
+"""Callbacks shipped with ciclo (each in its own private module), and `LoopElement`,
+the mixin of callbacks that can be spread into a task dict with `**`.
 
-from ciclo.callbacks.base import LoopElement
+Example:
+    >>> import ciclo
+    >>> ciclo.callbacks.inner_loop is ciclo.inner_loop
+    True
+"""
 
-__all__ = ["LoopElement"]
+from __future__ import annotations
+
+from typing import Any
+
+from ciclo.callbacks._base import LoopElement as LoopElement
+from ciclo.callbacks._early_stopping import early_stopping as early_stopping
+from ciclo.callbacks._inner_loop import inner_loop as inner_loop
+from ciclo.callbacks._noop import noop as noop
+
+__all__ = [
+    "LoopElement",
+    "checkpoint",
+    "early_stopping",
+    "inner_loop",
+    "keras_bar",
+    "noop",
+    "restore",
+    "tqdm_bar",
+]
+
+_LAZY = {"keras_bar", "tqdm_bar", "checkpoint", "restore"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ciclo.callbacks' has no attribute {name!r}")
+    import ciclo
+
+    return getattr(ciclo, name)

@@ -13,9 +13,9 @@ import time as _time
 from collections.abc import Mapping
 from typing import Any
 
+from ciclo._time import Elapsed, Period, as_period, batch_size
+from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import LaggedValues
-from ciclo.callbacks.base import LoopElement
-from ciclo.time import Elapsed, Period, as_period, batch_size
 
 __all__ = ["ProgressBar", "progress"]
 
@@ -142,11 +142,7 @@ class ProgressBar(LoopElement):
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
         self._values.offer(loop_state.logs)
         if not self._finished and self._due(loop_state.elapsed):
-            elapsed = loop_state.elapsed
-            if loop_state.in_step:
-                size = batch_size(loop_state.batch, loop_state.batch_size_fn)
-                elapsed = elapsed.update(size)
-            self._update(elapsed)
+            self._update(loop_state.elapsed_after)
         return None, None
 
     def __loop_end__(self, loop_state: Any) -> None:

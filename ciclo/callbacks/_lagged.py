@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo.logs import LOSSES, METRICS, STATEFUL_METRICS
+from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS
 
 __all__ = ["SHOWN_COLLECTIONS", "LaggedValues"]
 

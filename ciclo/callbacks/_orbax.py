@@ -25,7 +25,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from ciclo.time import Elapsed
+from ciclo._time import Elapsed
 
 __all__ = [
     "ITEMS",
@@ -78,7 +78,7 @@ def strategy_of(state: Any) -> Any:
     if not isinstance(name, str):
         return None
     # imported here: ciclo.callbacks is imported before ciclo.strategies
-    from ciclo.strategies.registry import get_strategy
+    from ciclo._strategies.registry import get_strategy
 
     try:
         return get_strategy(name)

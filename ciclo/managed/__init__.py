@@ -1,6 +1,6 @@
 """The managed API: `ManagedState`, `train_step` and `step` (see `ciclo.strategies`)."""
 
-from ciclo.managed.state import ManagedState
-from ciclo.managed.steps import ManagedStep, step, train_step
+from ciclo.managed._state import ManagedState
+from ciclo.managed._steps import ManagedStep, step, train_step
 
 __all__ = ["ManagedState", "ManagedStep", "step", "train_step"]

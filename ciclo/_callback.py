@@ -1,0 +1,143 @@
+"""The callback protocol, and the one adapter that turns a callback into a runner.
+
+A callback is any callable `f(state, batch, elapsed, loop_state)` that declares as
+many of those leading positional parameters as it needs. It returns `None`, a
+`Logs`, a state, or a 2-tuple `(logs_or_None, state_or_None)`. An object with
+`__loop_callback__(loop_state)` is called that way instead, and an object with
+`__loop_end__(loop_state)` has it called once when the loop ends, on every exit
+path. A callback stops the loop by setting `loop_state.stop_iteration = True`
+(after the current callback) or calling `loop_state.stop_after_batch()` (at the end
+of the current batch). `loop`, the managed steps and the Flax state all read
+callbacks through this module.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from ciclo._logs import Logs
+
+__all__ = [
+    "ARGUMENTS",
+    "Callback",
+    "LoopCallback",
+    "LoopEnd",
+    "arity",
+    "describe",
+    "inject",
+    "split_output",
+]
+
+ARGUMENTS = ("state", "batch", "elapsed", "loop_state")
+
+
+class Callback(Protocol):
+    """`f(state, batch, elapsed, loop_state) -> None | Logs | state | (logs, state)`,
+    declaring only the leading parameters it uses."""
+
+    def __call__(self, *args: Any) -> Any: ...
+
+
+@runtime_checkable
+class LoopCallback(Protocol):
+    """An object the loop calls as `obj.__loop_callback__(loop_state)`."""
+
+    def __loop_callback__(self, loop_state: Any) -> Any: ...
+
+
+@runtime_checkable
+class LoopEnd(Protocol):
+    """An object whose `__loop_end__(loop_state)` runs once when the loop ends."""
+
+    def __loop_end__(self, loop_state: Any) -> None: ...
+
+
+def describe(obj: Any) -> str:
+    """A short name for `obj` in error messages."""
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    return name if name else f"{type(obj).__name__} object"
+
+
+def arity(f: Callable[..., Any], where: str, most: int = len(ARGUMENTS)) -> int:
+    """How many leading positional arguments `f` takes (at most `most`).
+
+    Raises:
+        TypeError: if `f`'s signature cannot be read, or `f` requires more
+            arguments than a callback gets.
+    """
+    try:
+        parameters = inspect.signature(f).parameters.values()
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"{where} ({describe(f)}): cannot read its signature ({error}), so "
+            f"ciclo cannot tell which of {ARGUMENTS[:most]} to pass. Wrap it in a "
+            f"function, e.g. lambda state, batch: f(state, batch)."
+        ) from None
+    count = required = 0
+    for p in parameters:
+        if p.kind == p.VAR_POSITIONAL:
+            return most
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            count += 1
+            required += p.default is p.empty
+        elif p.kind == p.KEYWORD_ONLY and p.default is p.empty:
+            required = most + 1
+    if required > most:
+        raise TypeError(
+            f"{where} ({describe(f)}) requires more arguments than it gets: it is "
+            f"called with the first N of {ARGUMENTS[:most]}; give its other "
+            f"parameters defaults or bind them with functools.partial."
+        )
+    return min(count, most)
+
+
+def inject(f: Callable[..., Any], *args: Any) -> Any:
+    """Calls `f` with the first N of `args`, N being the positional parameters it
+    declares (as the loop calls callbacks).
+
+    Raises:
+        TypeError: if `f` requires more arguments than given or has no signature.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.inject(lambda state, batch: state + batch, 1, 2, "unused")
+        3
+    """
+    return f(*args[: arity(f, "ciclo.inject", len(args))])
+
+
+def split_output(output: Any, callback: Any) -> tuple[Logs | None, Any]:
+    """A callback's return value as `(logs_or_None, state_or_None)`.
+
+    Raises:
+        TypeError: for a tuple that is not a pair, or a pair whose first element is
+            not logs or whose second is a `Logs` (a swapped `(state, logs)`).
+    """
+    if output is None:
+        return None, None
+    if type(output) is tuple:
+        if len(output) != 2:
+            raise TypeError(
+                f"Callback {describe(callback)} returned a tuple of length "
+                f"{len(output)} ({', '.join(type(o).__name__ for o in output)}); "
+                f"expected None, a Logs, a state, or a 2-tuple (logs_or_None, "
+                f"state_or_None). To return a tuple state, return (None, state)."
+            )
+        logs, state = output
+        if isinstance(state, Logs) and not isinstance(logs, Logs):
+            raise TypeError(
+                f"Callback {describe(callback)} returned ({type(logs).__name__}, "
+                f"Logs): the logs come first. Return (logs, state)."
+            )
+        if logs is not None and not isinstance(logs, Mapping):
+            raise TypeError(
+                f"Callback {describe(callback)} returned a 2-tuple whose first "
+                f"element is a {type(logs).__name__}; expected (logs_or_None, "
+                f"state_or_None). To return a tuple state, return (None, state)."
+            )
+        return logs, state
+    if isinstance(output, Logs):
+        return output, None
+    return None, output

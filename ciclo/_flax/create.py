@@ -1,0 +1,143 @@
+"""`create_flax_state`: one entry point for Flax Linen and Flax NNX models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import optax
+
+from ciclo._flax.state import FlaxState
+
+__all__ = ["create_flax_state"]
+
+_LINEN_ONLY = ("mutable_train", "mutable_eval", "rngs_train", "rngs_eval")
+
+
+def create_flax_state(
+    module: Any,
+    inputs: Any = None,
+    tx: optax.GradientTransformation | None = None,
+    *,
+    key: Any = None,
+    losses: Mapping[str, Callable[..., Any]] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    strategy: str = "jit",
+    method: str | Callable[..., Any] = "__call__",
+    train_kwargs: Mapping[str, Any] | None = None,
+    eval_kwargs: Mapping[str, Any] | None = None,
+    mutable_train: bool | Sequence[str] | None = None,
+    mutable_eval: bool | Sequence[str] | None = None,
+    rngs_train: Sequence[str] | None = None,
+    rngs_eval: Sequence[str] | None = None,
+) -> FlaxState:
+    """Creates a `FlaxState` that trains `module` with `losses` and `metrics`.
+
+    `module` is a Flax Linen module (initialised here on `inputs`) or an
+    already-built Flax NNX module (no `inputs`; `create_flax_state(model,
+    tx=...)` or `create_flax_state(model, tx)`). The state's `train_step`,
+    `test_step`, `predict_step` and `reset_step` make
+    `ciclo.train_loop(state, data, test_dataset=..., epoch_duration=..., stop=...)`
+    a one-liner.
+
+    Losses and metrics are called with the keyword arguments they name, from:
+    `preds` (the model output; alias `logits`), `target` (alias `labels`),
+    `inputs`, `params`, `batch_stats`, `sample_weight`, `mask` (the batch's `mask`
+    key, else `sample_weight`), `key` (a fresh PRNG key), each loss computed
+    before (by its name; metrics see all losses) and the extra keys of a dict
+    batch. A loss returns a scalar or per-sample values, which are averaged
+    (weighted by `sample_weight` unless the loss takes it). Values the module
+    sows into the `losses` / `metrics` collections are logged too; sown losses are
+    added to the loss that is minimised.
+
+    Args:
+        module: a `flax.linen.Module` or a `flax.nnx.Module`.
+        inputs: sample inputs to initialise a Linen module (the first positional
+            argument of its method); not used for NNX.
+        tx: the optax optimizer.
+        key: None (seed 0), an int seed or a `jax.random.key`: initialisation
+            (Linen) and the per-step RNG (dropout) derive from it.
+        losses: name -> callable; their sum is minimised.
+        metrics: name -> callable (computed per batch) or a stateful metric class
+            (a `clu.metrics.Metric` subclass, e.g. `clu.metrics.Accuracy`,
+            accumulated until `reset_step`, which the loops run every epoch).
+        strategy: the managed strategy: `"eager"`, `"jit"`, `"data_parallel"`, ...
+        method: the module method to call (Linen: a name or a function).
+        train_kwargs / eval_kwargs: extra keyword arguments of the model call in
+            training / evaluation. Default: a parameter named `training` or
+            `train` gets True / False, one named `deterministic` False / True.
+            NNX modules are also switched with `.train()` / `.eval()`.
+        mutable_train / mutable_eval: (Linen) the collections the call may
+            update: True = all that `init` created (`batch_stats`, ...), False =
+            none, or a list of names. Default True in training, False in eval.
+        rngs_train / rngs_eval: (Linen) the RNG streams given to the call;
+            default `("dropout",)` in training, none in eval. (NNX modules use
+            their own `nnx.Rngs`, re-keyed every train step.)
+
+    Returns:
+        A `FlaxState` placed for `strategy`.
+
+    Raises:
+        TypeError: for a module that is neither Linen nor NNX, a missing `tx`,
+            or a Linen-only option given with an NNX module.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax, flax.linen as nn
+        >>> state = ciclo.create_flax_state(
+        ...     nn.Dense(10), jnp.ones((1, 64)), optax.adam(1e-3),
+        ...     losses={"loss": lambda preds, target: jnp.mean((preds - target) ** 2)})
+        >>> state.strategy, state.params["kernel"].shape
+        ('jit', (64, 10))
+    """
+    from flax import linen, nnx
+
+    linen_options = dict(
+        mutable_train=mutable_train,
+        mutable_eval=mutable_eval,
+        rngs_train=rngs_train,
+        rngs_eval=rngs_eval,
+    )
+    common = dict(
+        key=key,
+        losses=losses,
+        metrics=metrics,
+        strategy=strategy,
+        method=method,
+        train_kwargs=train_kwargs,
+        eval_kwargs=eval_kwargs,
+    )
+    if isinstance(module, nnx.Module):
+        from ciclo._flax.nnx import create_nnx_state
+
+        given = [name for name, value in linen_options.items() if value is not None]
+        if given:
+            raise TypeError(
+                f"{given} only apply to Linen modules; an NNX module updates all its "
+                f"variables in train() mode and keeps its own nnx.Rngs."
+            )
+        if tx is None and isinstance(inputs, optax.GradientTransformation):
+            inputs, tx = None, inputs
+        if inputs is not None:
+            raise TypeError(
+                "An NNX module is already initialised: call "
+                "create_flax_state(model, tx=optax...) without `inputs`."
+            )
+        return create_nnx_state(module, _require_tx(tx), **common)
+    if isinstance(module, linen.Module):
+        from ciclo._flax.linen import create_linen_state
+
+        chosen = {k: v for k, v in linen_options.items() if v is not None}
+        return create_linen_state(module, inputs, _require_tx(tx), **common, **chosen)
+    raise TypeError(
+        f"create_flax_state expects a flax.linen.Module or a flax.nnx.Module, got "
+        f"{type(module).__name__}: {module!r:.100}."
+    )
+
+
+def _require_tx(tx: Any) -> optax.GradientTransformation:
+    if tx is None:
+        raise TypeError(
+            "create_flax_state needs an optimizer: tx=optax.adam(1e-3) (any optax "
+            "GradientTransformation)."
+        )
+    return tx

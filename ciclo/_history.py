@@ -1,0 +1,287 @@
+"""`History`: the committed logs of a run, stored column-wise and fetched lagged."""
+
+from __future__ import annotations
+
+import array
+import bisect
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ciclo._logs import Logs, locate
+from ciclo._time import Elapsed
+
+__all__ = ["History", "history"]
+
+ELAPSED = "elapsed"
+_ELAPSED_FIELDS = ("steps", "samples", "time", "date")
+
+
+class _Column:
+    """One entry's values: the rows they were logged at and the values.
+
+    Scalars live in a typed `array.array` (8 bytes each); anything else in a list.
+    """
+
+    __slots__ = ("rows", "values")
+
+    def __init__(self):
+        self.rows = array.array("q")
+        self.values: array.array | list = array.array("q")
+
+    def append(self, row: int, value: Any) -> None:
+        self.rows.append(row)
+        values = self.values
+        if isinstance(values, array.array):
+            scalar = _scalar(value)
+            if scalar is not None:
+                if isinstance(scalar, float) and values.typecode == "q":
+                    values = self.values = array.array("d", values)
+                values.append(scalar)
+                return
+            values = self.values = list(values)
+        if (
+            isinstance(value, np.ndarray | np.generic)
+            and value.shape == ()
+            and value.dtype.kind == "b"
+        ):
+            value = bool(value)  # a singleton: 8 bytes in the list
+        values.append(value)
+
+
+class _ElapsedColumn:
+    """An `elapsed` field: present in every row, so its rows are implicit."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, typecode: str):
+        self.values = array.array(typecode)
+
+    @property
+    def rows(self) -> range:
+        return range(len(self.values))
+
+
+def _scalar(value: Any) -> int | float | None:
+    """`value` as a Python int/float when it is a real 0-d number, else None.
+
+    Booleans are kept as lists (they stay `bool` when read back).
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    if isinstance(value, np.ndarray | np.generic) and value.ndim == 0:
+        kind = value.dtype.kind
+        if kind in "iu":
+            return int(value)
+        if kind == "f" or (kind == "V" and jnp.issubdtype(value.dtype, jnp.floating)):
+            return float(value)  # float16/32/64 and ml_dtypes such as bfloat16
+    return None
+
+
+class History:
+    """The committed logs of a run: one row per step that logged.
+
+    Values are kept on device when committed and brought to the host in batches
+    (or all at once when read): every `lag` commits, the oldest rows whose values
+    are already computed are fetched in one `jax.device_get`, which does not wait
+    for the device. Only when `4 * lag` rows are still pending (the device is far
+    behind) does a commit wait for the oldest `lag` of them, which bounds the device
+    memory held by pending values; the device still has `3 * lag` steps queued
+    then. Storage is column-wise: a logged scalar costs ~16 bytes.
+
+    Args:
+        lag: how often (in commits) ready values are fetched; `4 * lag` bounds the
+            rows pending on device.
+
+    Example:
+        >>> import ciclo
+        >>> history = ciclo.history()
+        >>> elapsed = ciclo.Elapsed.create()
+        >>> for i in range(3):
+        ...     logs = ciclo.logs()
+        ...     logs.add_metric("loss", 1.0 / (i + 1))
+        ...     history.commit(elapsed, logs)
+        ...     elapsed = elapsed.update(batch_size=8)
+        >>> history.collect("steps", "loss")
+        ([0, 1, 2], [1.0, 0.5, 0.3333333333333333])
+    """
+
+    def __init__(self, lag: int = 64):
+        if not isinstance(lag, int) or lag < 1:
+            raise ValueError(f"`lag` must be a positive int, got {lag!r}.")
+        self.lag = lag
+        self._rows = 0
+        self._elapsed = tuple(_ElapsedColumn(t) for t in ("q", "q", "d", "d"))
+        self._columns: dict[tuple[str, str], _Column | _ElapsedColumn] = {
+            (ELAPSED, name): column
+            for name, column in zip(_ELAPSED_FIELDS, self._elapsed)
+        }
+        self._pending: list[tuple[int, list[tuple[str, str]], list[Any]]] = []
+
+    # -- writing ------------------------------------------------------------------
+    def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
+        """Appends one row: the `elapsed` fields plus every entry of `logs`.
+
+        Values are not converted here; they reach the host lagged.
+
+        Raises:
+            TypeError: if `logs` is not a dict of collections to entries.
+        """
+        if not isinstance(logs, Logs):
+            logs = Logs(logs)
+        keys, values = [], []
+        for collection, name, value in logs.entries():
+            keys.append((collection, name))
+            values.append(value)
+        row = self._rows
+        steps, samples, time, date = self._elapsed
+        steps.values.append(int(elapsed.steps))
+        samples.values.append(int(elapsed.samples))
+        time.values.append(float(elapsed.time))
+        date.values.append(float(elapsed.date))
+        self._rows += 1
+        self._pending.append((row, keys, values))
+        pending = len(self._pending)
+        if pending >= 4 * self.lag:
+            self._flush(self.lag)  # the device is far behind: wait for the oldest
+        elif pending % self.lag == 0:
+            self._flush(self._ready())
+
+    def _ready(self) -> int:
+        """How many of the oldest pending rows are computed (checked without waiting)."""
+        count = 0
+        for _, _, values in self._pending:
+            for value in values:
+                if isinstance(value, jax.Array) and not value.is_ready():
+                    return count
+            count += 1
+        return count
+
+    def _column(self, key: tuple[str, str]) -> _Column:
+        column = self._columns.get(key)
+        if column is None:
+            column = self._columns[key] = _Column()
+        return column
+
+    def _flush(self, count: int | None = None) -> None:
+        if count == 0:
+            return
+        pending = self._pending[:count] if count is not None else self._pending
+        if not pending:
+            return
+        fetched = jax.device_get([values for _, _, values in pending])
+        for (row, keys, _), values in zip(pending, fetched):
+            for key, value in zip(keys, values):
+                self._column(key).append(row, value)
+        self._pending = self._pending[len(pending) :]
+
+    # -- reading ------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._rows
+
+    def keys(self) -> list[str]:
+        """Every key ever logged, as `"collection.name"` (the elapsed ones included)."""
+        self._flush()
+        return [f"{c}.{n}" for c, n in self._columns]
+
+    def _resolve(self, key: str) -> tuple[str, str] | None:
+        return locate(self._columns, key, "history")
+
+    def collect(self, key: str, *keys: str) -> list[Any] | tuple[list[Any], ...]:
+        """Aligned lists of values over the steps where ALL `keys` were logged.
+
+        Keys are bare entry names (`"loss"`, `"steps"`) or `"collection.name"`. A
+        key never logged gives empty lists (see `keys()` for what was logged).
+
+        Returns:
+            A list for one key, a tuple of lists for several.
+
+        Raises:
+            ValueError: if a bare name lives in several collections.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_metric("a", 1))
+            >>> history.collect("a"), history.collect("a", "not_logged")
+            ([1], ([], []))
+        """
+        self._flush()
+        found = [self._resolve(k) for k in (key, *keys)]
+        if any(f is None for f in found):
+            return [] if not keys else tuple([] for _ in found)
+        columns = [self._columns[f] for f in found]
+        if len(columns) == 1:
+            return _values(columns[0])
+        common = np.asarray(columns[0].rows)
+        for column in columns[1:]:
+            common = np.intersect1d(common, np.asarray(column.rows), assume_unique=True)
+        out = []
+        for column in columns:
+            rows = np.asarray(column.rows)
+            index = np.searchsorted(rows, common)
+            values = column.values
+            out.append([values[i] for i in index.tolist()])
+        return tuple(out)
+
+    def __getitem__(self, index: int | slice) -> Logs | list[Logs]:
+        """The logs of row `index` (negative indices count from the end), or a list
+        of them for a slice."""
+        if isinstance(index, slice):
+            return self._rows_logs(range(*index.indices(self._rows)))
+        if not -self._rows <= index < self._rows:
+            raise IndexError(f"History has {self._rows} rows, got index {index}.")
+        return self._rows_logs([index % self._rows])[0]
+
+    def _rows_logs(self, rows: range | list[int]) -> list[Logs]:
+        """The logs of `rows` (increasing), in one pass over each column."""
+        self._flush()
+        out = [Logs() for _ in rows]
+        if not out:
+            return out
+        first, last = rows[0], rows[-1]
+        for (collection, name), column in self._columns.items():
+            values, column_rows = column.values, column.rows
+            if isinstance(column, _ElapsedColumn):
+                pairs = ((row, values[row]) for row in rows)
+            else:
+                lo = bisect.bisect_left(column_rows, first)
+                hi = bisect.bisect_right(column_rows, last)
+                wanted = set(rows) if len(rows) < last - first + 1 else None
+                pairs = (
+                    (column_rows[i], values[i])
+                    for i in range(lo, hi)
+                    if wanted is None or column_rows[i] in wanted
+                )
+            for row, value in pairs:
+                out[
+                    rows.index(row) if isinstance(rows, list) else row - first
+                ].add_entry(collection, name, value)
+        return out
+
+    def __iter__(self) -> Iterator[Logs]:
+        chunk = 4096
+        for start in range(0, self._rows, chunk):
+            yield from self._rows_logs(range(start, min(start + chunk, self._rows)))
+
+    def __repr__(self) -> str:
+        return f"History(rows={self._rows}, keys={len(self._columns)})"
+
+
+def _values(column: _Column | _ElapsedColumn) -> list[Any]:
+    values = column.values
+    return values.tolist() if isinstance(values, array.array) else list(values)
+
+
+def history(lag: int = 64) -> History:
+    """Creates an empty `History`.
+
+    Example:
+        >>> import ciclo
+        >>> len(ciclo.history())
+        0
+    """
+    return History(lag=lag)

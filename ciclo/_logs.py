@@ -1,0 +1,257 @@
+"""`Logs`: a pytree dict of collections (`losses`, `metrics`, ...) to dicts of entries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import jax
+
+__all__ = ["Entries", "Logs", "locate", "logs"]
+
+LOSSES = "losses"
+METRICS = "metrics"
+STATEFUL_METRICS = "stateful_metrics"
+OUTPUTS = "outputs"
+
+
+class Entries(dict):
+    """One collection of a `Logs`: `name -> value`, with attribute access."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(
+                f"No entry {name!r} in this collection; entries: {sorted(self)}."
+            ) from None
+
+
+class Logs(dict):
+    """What a step reports: a dict of collections to dicts of entries; a JAX pytree.
+
+    Collections are any names; `losses`, `metrics`, `stateful_metrics` and
+    `outputs` have helper methods. A `Logs` can be returned from `jax.jit`.
+
+    Example:
+        >>> import ciclo
+        >>> logs = ciclo.logs()
+        >>> logs = logs.add_loss("loss", 0.5).add_metric("accuracy", 0.9)
+        >>> logs.losses.loss, logs.entry_value("metrics.accuracy")
+        (0.5, 0.9)
+    """
+
+    def __init__(self, collections: Mapping[str, Mapping[str, Any]] | None = None):
+        super().__init__()
+        if collections:
+            self.merge(collections)
+
+    def __getattr__(self, name: str) -> Entries:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name == "updates":
+            raise AttributeError(
+                "`Logs.updates` is write-only: `logs.updates = other`."
+            )
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(
+                f"Logs has no collection {name!r}; collections: {sorted(self)}."
+            ) from None
+
+    # -- adding -------------------------------------------------------------------
+    def add_entry(self, collection: str, name: str, value: Any) -> Logs:
+        """Sets `self[collection][name] = value`; returns this `Logs` (calls chain)."""
+        entries = self.get(collection)
+        if entries is None:
+            entries = self[collection] = Entries()
+        entries[name] = value
+        return self
+
+    def add_entries(
+        self, collection: str, values: Mapping[str, Any] | None = None, /, **kwargs
+    ) -> Logs:
+        """Adds several entries to `collection` (from a mapping and/or keywords)."""
+        for name, value in {**(values or {}), **kwargs}.items():
+            self.add_entry(collection, name, value)
+        return self
+
+    def add_metric(self, name: str, value: Any) -> Logs:
+        """Adds `value` to the `metrics` collection."""
+        return self.add_entry(METRICS, name, value)
+
+    def add_metrics(self, values: Mapping[str, Any] | None = None, /, **kwargs) -> Logs:
+        """Adds several entries to the `metrics` collection."""
+        return self.add_entries(METRICS, values, **kwargs)
+
+    def add_loss(self, name: str, value: Any, *, add_metric: bool = False) -> Logs:
+        """Adds `value` to `losses` (and to `metrics` too with `add_metric=True`)."""
+        self.add_entry(LOSSES, name, value)
+        if add_metric:
+            return self.add_entry(METRICS, name, value)
+        return self
+
+    def add_losses(
+        self,
+        values: Mapping[str, Any] | None = None,
+        /,
+        *,
+        add_metrics: bool = False,
+        **kwargs,
+    ) -> Logs:
+        """Adds several losses (and metrics too with `add_metrics=True`)."""
+        for name, value in {**(values or {}), **kwargs}.items():
+            self.add_loss(name, value, add_metric=add_metrics)
+        return self
+
+    def add_stateful_metric(self, name: str, value: Any) -> Logs:
+        """Adds `value` to the `stateful_metrics` collection."""
+        return self.add_entry(STATEFUL_METRICS, name, value)
+
+    def add_stateful_metrics(
+        self, values: Mapping[str, Any] | None = None, /, **kwargs
+    ) -> Logs:
+        """Adds several entries to the `stateful_metrics` collection."""
+        return self.add_entries(STATEFUL_METRICS, values, **kwargs)
+
+    def add_output(self, name: str, value: Any) -> Logs:
+        """Adds `value` to the `outputs` collection."""
+        return self.add_entry(OUTPUTS, name, value)
+
+    def add_outputs(self, values: Mapping[str, Any] | None = None, /, **kwargs) -> Logs:
+        """Adds several entries to the `outputs` collection."""
+        return self.add_entries(OUTPUTS, values, **kwargs)
+
+    # -- combining ----------------------------------------------------------------
+    def merge(self, other: Mapping[str, Mapping[str, Any]] | None) -> Logs:
+        """Merges `other` into this `Logs` in place (entries of `other` win); returns self.
+
+        Raises:
+            TypeError: if `other` is not a mapping of collections to mappings.
+        """
+        if other is None:
+            return self
+        if not isinstance(other, Mapping):
+            raise TypeError(
+                f"Can only merge a Logs or a dict of collections, got "
+                f"{type(other).__name__}."
+            )
+        for collection, entries in other.items():
+            if not isinstance(entries, Mapping):
+                raise TypeError(
+                    f"Collection {collection!r} must map entry names to values, got "
+                    f"{type(entries).__name__}: {entries!r:.80}. Use "
+                    f"logs.add_entry({collection!r}, name, value)."
+                )
+        for collection, entries in other.items():
+            target = self.get(collection)
+            if target is None:
+                self[collection] = Entries(entries)
+            else:
+                target.update(entries)
+        return self
+
+    def _set_updates(self, other: Mapping[str, Mapping[str, Any]] | None) -> None:
+        self.merge(other)
+
+    updates = property(
+        None, _set_updates, doc="Write-only: `logs.updates = other` merges `other`."
+    )
+
+    # -- reading ------------------------------------------------------------------
+    def entries(self) -> Iterator[tuple[str, str, Any]]:
+        """Iterates `(collection, name, value)` over every entry."""
+        for collection, values in self.items():
+            for name, value in values.items():
+                yield collection, name, value
+
+    def entry_value(self, name: str) -> Any:
+        """The value of entry `name` (bare) or `"collection.name"`.
+
+        Raises:
+            KeyError: if no such entry exists (the message lists the entries).
+            ValueError: if a bare name lives in several collections.
+        """
+        key = locate(self._pairs(), name, "these logs")
+        if key is None:
+            raise KeyError(
+                f"No entry {name!r} in these logs; entries: {self._names()}."
+            )
+        return self[key[0]][key[1]]
+
+    def _pairs(self) -> list[tuple[str, str]]:
+        """Every `(collection, name)` pair, in insertion order."""
+        return [(c, n) for c, values in self.items() for n in values]
+
+    def _names(self) -> list[str]:
+        return [f"{c}.{n}" for c, n, _ in self.entries()]
+
+
+def locate(
+    keys: Iterable[tuple[str, str]], key: str, where: str
+) -> tuple[str, str] | None:
+    """The `(collection, name)` among `keys` that `key` names, or None if absent.
+
+    The one lookup rule of ciclo (logs, history, monitors): `key` is
+    `"collection.name"` or a bare `name`; a bare name found in several collections
+    is an error naming them all.
+
+    Raises:
+        ValueError: for a bare name that lives in several collections.
+
+    Example:
+        >>> from ciclo._logs import locate
+        >>> locate([("losses", "l"), ("metrics", "acc")], "acc", "logs")
+        ('metrics', 'acc')
+    """
+    collection, sep, name = key.partition(".")
+    if sep:
+        return (collection, name) if (collection, name) in set(keys) else None
+    found = [(c, n) for c, n in keys if n == key]
+    if len(found) > 1:
+        options = ", ".join(f"'{c}.{n}'" for c, n in found)
+        raise ValueError(
+            f"Entry {key!r} is ambiguous in {where}: it is in collections "
+            f"{[c for c, _ in found]}. Use one of {options}."
+        )
+    return found[0] if found else None
+
+
+def logs(collections: Mapping[str, Mapping[str, Any]] | None = None) -> Logs:
+    """Creates an empty `Logs` (or one holding a copy of `collections`).
+
+    Example:
+        >>> import ciclo
+        >>> logs = ciclo.logs()
+        >>> dict(logs.add_metrics(accuracy=0.9).metrics)
+        {'accuracy': 0.9}
+    """
+    return Logs(collections)
+
+
+def _flatten_dict(d: dict):
+    keys = tuple(d.keys())
+    return tuple((jax.tree_util.DictKey(k), d[k]) for k in keys), keys
+
+
+def _flatten_dict_fast(d: dict):
+    keys = tuple(d.keys())
+    return tuple(d[k] for k in keys), keys
+
+
+def _unflatten(cls):
+    def unflatten(keys, children):
+        out = cls()
+        dict.update(out, zip(keys, children))
+        return out
+
+    return unflatten
+
+
+for _cls in (Entries, Logs):
+    jax.tree_util.register_pytree_with_keys(
+        _cls, _flatten_dict, _unflatten(_cls), _flatten_dict_fast
+    )

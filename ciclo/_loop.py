@@ -1,0 +1,367 @@
+"""`loop`: the interpreter of the loop language, the only driver in ciclo.
+
+It owns the per-batch timeline: for each batch it computes `elapsed` (before the
+batch) and `elapsed_after` (counting it) once, runs the firing schedules' callbacks,
+commits the step's logs, and decides whether to stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ciclo._callback import arity, describe, split_output
+from ciclo._history import History
+from ciclo._logs import Logs
+from ciclo._schedules.base import fresh
+from ciclo._time import Elapsed, Period, as_period, batch_size
+
+__all__ = ["LoopState", "loop"]
+
+
+class LoopState:
+    """The loop's live record, passed to callbacks as their fourth argument.
+
+    Read it during the call; the loop reuses it from batch to batch.
+
+    Attributes:
+        state: the current state (updated after every callback that returns one).
+        batch: the current batch.
+        elapsed: the `Elapsed` before the current batch.
+        elapsed_after: the `Elapsed` counting the current batch (what the state
+            has consumed once the batch's train step ran).
+        history: the `History` being built.
+        logs: this step's logs so far.
+        accumulated_logs: every entry logged so far in this loop (this step's
+            included), latest value per entry; a new `Logs` at each read.
+        metadata: the `metadata` given to `loop`.
+        stop_iteration: set it to True to end the loop right after the current
+            callback (the batch's remaining callbacks do not run).
+
+    Example:
+        >>> import ciclo
+        >>> def stop_at_two(state, batch, elapsed, loop_state):
+        ...     if loop_state.elapsed_after.steps == 2:
+        ...         loop_state.stop_after_batch()  # the batch's other callbacks run
+        >>> _, _, elapsed = ciclo.loop(None, range(10), {ciclo.every(1): stop_at_two})
+        >>> elapsed.steps
+        2
+    """
+
+    __slots__ = (
+        "_committed",
+        "batch",
+        "elapsed",
+        "elapsed_after",
+        "history",
+        "logs",
+        "metadata",
+        "state",
+        "stop_iteration",
+        "stopping",
+    )
+
+    def __init__(self, state, batch, elapsed, elapsed_after, history, logs, metadata):
+        self.state, self.batch = state, batch
+        self.elapsed, self.elapsed_after = elapsed, elapsed_after
+        self.history, self.logs, self.metadata = history, logs, metadata
+        self._committed = Logs()
+        self.stop_iteration = False
+        self.stopping = False  # stop_after_batch() was called
+
+    @property
+    def accumulated_logs(self) -> Logs:
+        return Logs(self._committed).merge(self.logs)
+
+    def stop_after_batch(self) -> None:
+        """Ends the loop at the end of the current batch: the batch's remaining
+        callbacks still run and its logs are committed. Called from `on_start`, it
+        ends the loop before the first batch."""
+        self.stopping = True
+
+    def __repr__(self) -> str:
+        return (
+            f"LoopState(elapsed.steps={self.elapsed.steps}, "
+            f"stop_iteration={self.stop_iteration}, stopping={self.stopping})"
+        )
+
+
+Runner = Callable[[LoopState], None]
+
+
+def _apply(output: Any, ls: LoopState, callback: Any) -> None:
+    logs, state = split_output(output, callback)
+    if logs:
+        try:
+            ls.logs.merge(logs)
+        except TypeError as error:
+            raise TypeError(
+                f"Callback {describe(callback)} returned logs that are not a dict "
+                f"of collections to entries ({error}). Build them with ciclo.logs()"
+                f".add_loss/add_metric(...), or return (None, state) when the first "
+                f"element is a state."
+            ) from None
+    if state is not None:
+        ls.state = state
+
+
+def runner(callback: Any, where: str) -> Runner:
+    """Turns a callback into `run(loop_state)`, deciding once how to call it."""
+    loop_callback = getattr(callback, "__loop_callback__", None)
+    if loop_callback is not None:
+        return lambda ls: _apply(loop_callback(ls), ls, callback)
+    if not callable(callback):
+        raise TypeError(
+            f"{where} is {callback!r:.100} ({type(callback).__name__}), which is not "
+            f"callable; expected a function f(state, batch, elapsed, loop_state) -> "
+            f"(logs, state) or an object with __loop_callback__."
+            + (
+                f" Did you mean {where}() (call it to build the callback)?"
+                if isinstance(callback, property | type)
+                else ""
+            )
+        )
+    n = arity(callback, where)
+    if n == 0:
+        return lambda ls: _apply(callback(), ls, callback)
+    if n == 1:
+        return lambda ls: _apply(callback(ls.state), ls, callback)
+    if n == 2:
+        return lambda ls: _apply(callback(ls.state, ls.batch), ls, callback)
+    if n == 3:
+        return lambda ls: _apply(callback(ls.state, ls.batch, ls.elapsed), ls, callback)
+    return lambda ls: _apply(callback(ls.state, ls.batch, ls.elapsed, ls), ls, callback)
+
+
+def _as_list(callbacks: Any) -> list[Any]:
+    if callbacks is None:
+        return []
+    return list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+
+
+def _runners(callbacks: Any, where: str) -> list[Runner]:
+    return [runner(cb, f"{where}[{i}]") for i, cb in enumerate(_as_list(callbacks))]
+
+
+def _end_hooks(groups: Iterable[Any]) -> list[Callable[[LoopState], Any]]:
+    """The `__loop_end__` hooks of every callback object (or bound method's owner)."""
+    seen, hooks = set(), []
+    for group in groups:
+        for cb in _as_list(group):
+            owner = cb if hasattr(cb, "__loop_end__") else getattr(cb, "__self__", None)
+            hook = getattr(owner, "__loop_end__", None)
+            if hook is not None and id(owner) not in seen:
+                seen.add(id(owner))
+                hooks.append(hook)
+    return hooks
+
+
+def _plan(tasks: Mapping[Any, Any]) -> list[tuple[Callable[..., bool], bool, list]]:
+    """Validates `tasks`: (loop-private schedule, reads the loop state, runners)."""
+    if not isinstance(tasks, Mapping):
+        raise TypeError(
+            f"`tasks` must be a dict {{schedule: callback_or_list}}, got "
+            f"{type(tasks).__name__}. Example: {{ciclo.every(1): [train_step]}}."
+        )
+    plan = []
+    for key, callbacks in tasks.items():
+        if isinstance(key, str):
+            raise TypeError(
+                f"Task key {key!r} is a string: named schedules such as "
+                f"'on_train_step' only work in ciclo.train_loop/test_loop/"
+                f"predict_loop. In ciclo.loop use a schedule, e.g. ciclo.every(1)."
+            )
+        if not callable(key):
+            hint = (
+                " (wrap it: ciclo.every(...))" if isinstance(key, int | Period) else ""
+            )
+            raise TypeError(
+                f"Task key {key!r} ({type(key).__name__}) is not a schedule; expected "
+                f"a callable elapsed -> bool such as ciclo.every(10){hint}."
+            )
+        after = bool(getattr(key, "reads_loop_state", False))
+        plan.append(
+            (fresh(key), after, _runners(callbacks, f"Callback tasks[{key!r}]"))
+        )
+    return plan
+
+
+def loop(
+    state: Any,
+    dataset: Iterable[Any],
+    tasks: Mapping[Any, Any],
+    *,
+    stop: int | Period | None = None,
+    on_start: Any = None,
+    on_end: Any = None,
+    history: History | None = None,
+    elapsed: Elapsed | None = None,
+    catch_keyboard_interrupt: bool = True,
+    batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
+    metadata: Any = None,
+) -> tuple[Any, History, Elapsed]:
+    """Runs `tasks` over `dataset`: for each batch, every firing schedule's callbacks.
+
+    Schedules are checked in dict order with the `elapsed` before the batch (a
+    schedule with a true `reads_loop_state` attribute gets the `LoopState`, e.g. to
+    read `elapsed_after`); a firing schedule runs its callbacks in list order. Each callback is called with
+    the first N of `(state, batch, elapsed, loop_state)` (N = its positional
+    parameters) and returns `None`, a `Logs`, a state, or `(logs_or_None,
+    state_or_None)`. The step's logs are committed to `history` after the batch.
+    The loop ends when the dataset is exhausted, after the batch whose
+    `elapsed_after` reaches `stop`, right after a callback sets
+    `loop_state.stop_iteration = True`, or at the end of a batch in which a callback
+    called `loop_state.stop_after_batch()`. Objects with `__loop_end__(loop_state)`
+    among the callbacks (or owning a bound method among them) have it run once when
+    the loop ends, whatever the reason.
+
+    Args:
+        state: the initial state (any pytree or object).
+        dataset: any iterable of batches.
+        tasks: `{schedule: callback_or_list}`.
+        stop: end once `elapsed >= stop` (int steps or a `Period`).
+        on_start: callback(s) run once before the first batch's tasks.
+        on_end: callback(s) run once after the last batch.
+        history: a `History` to append to (a new one by default).
+        elapsed: where to start counting (e.g. a restored checkpoint's `Elapsed`).
+        catch_keyboard_interrupt: on Ctrl-C end cleanly and return what was reached.
+        batch_size_fn: given a batch's leaf shapes, returns its size.
+        metadata: anything; exposed as `loop_state.metadata`.
+
+    Returns:
+        `(state, history, elapsed)`, `elapsed` counting every consumed batch.
+
+    Raises:
+        TypeError: for a task key that is not a schedule, a callback that is not
+            callable, or a callback returning a value of the wrong shape.
+
+    Example:
+        >>> import ciclo
+        >>> def count(state, batch):
+        ...     return ciclo.logs().add_metric("total", state + batch), state + batch
+        >>> state, history, elapsed = ciclo.loop(0, range(5), {ciclo.every(1): count})
+        >>> state, elapsed.steps, history.collect("total")
+        (10, 5, [0, 1, 3, 6, 10])
+    """
+    plan = _plan(tasks)
+    start = _runners(on_start, "on_start")
+    end = _runners(on_end, "on_end")
+    end_hooks = _end_hooks([*tasks.values(), on_start, on_end])
+    stop_period = None if stop is None else as_period(stop, "stop")
+    if history is None:
+        history = History()
+    elif not isinstance(history, History):
+        raise TypeError(
+            f"`history` must be a ciclo.History (e.g. from a previous loop or "
+            f"ciclo.history()), got {type(history).__name__}."
+        )
+    if elapsed is not None and not isinstance(elapsed, Elapsed):
+        raise TypeError(
+            f"`elapsed` must be a ciclo.Elapsed (e.g. returned by a previous loop or "
+            f"ciclo.restore), got {elapsed!r:.100} ({type(elapsed).__name__}). To "
+            f"start counting at step n use ciclo.Elapsed.create(steps=n)."
+        )
+    try:
+        iterator = iter(dataset)
+    except TypeError:
+        raise TypeError(
+            f"`dataset` must be an iterable of batches (a list, generator, numpy "
+            f"array, tf.data/Grain/PyTorch loader, ...); got {dataset!r:.100} "
+            f"({type(dataset).__name__})."
+        ) from None
+    initial = Elapsed.create() if elapsed is None else elapsed.resume()
+    ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
+    run = _Run(ls, plan, start, stop_period, batch_size_fn)
+    try:
+        run.batches(iterator)
+    except KeyboardInterrupt:
+        if not catch_keyboard_interrupt:
+            _finish(end_hooks, ls)
+            raise
+        run.interrupted()
+    except BaseException:
+        _finish(end_hooks, ls)
+        raise
+    ls.elapsed = ls.elapsed_after = run.current
+    ls.logs = Logs()
+    try:
+        for callback in end:
+            callback(ls)
+        if ls.logs:
+            history.commit(run.current, ls.logs)
+    finally:
+        _finish(end_hooks, ls)
+    return ls.state, history, run.current
+
+
+def _finish(hooks: list[Callable[[LoopState], Any]], ls: LoopState) -> None:
+    for hook in hooks:
+        hook(ls)
+
+
+class _Run:
+    """The per-batch hot path of one `loop` call, and what Ctrl-C must undo."""
+
+    def __init__(self, ls, plan, start, stop, batch_size_fn):
+        self.ls, self.plan, self.start = ls, plan, start
+        self.stop, self.batch_size_fn = stop, batch_size_fn
+        self.current = ls.elapsed  # counts every batch whose tasks completed
+        self.started = False
+        self.in_batch = False
+        self.rows = 0  # len(history) when the batch started
+        self.state = None  # the state when the batch started
+
+    def _on_start(self) -> None:
+        self.started = True
+        for callback in self.start:
+            callback(self.ls)
+
+    def batches(self, iterator: Any) -> None:
+        ls, plan, stop, history = self.ls, self.plan, self.stop, self.ls.history
+        size_fn = self.batch_size_fn
+        current = self.current
+        if stop is not None and stop.reached(current):
+            iterator = iter(())
+        for batch in iterator:
+            ls.batch, ls.elapsed, ls.logs = batch, current, Logs()
+            if not self.started:  # with the first batch, before its tasks
+                self._on_start()
+                if ls.stop_iteration or ls.stopping:
+                    return
+            after = ls.elapsed_after = current.update(batch_size(batch, size_fn))
+            self.state, self.rows, self.in_batch = ls.state, len(history), True
+            for schedule, reads_loop_state, runners in plan:
+                if schedule(ls if reads_loop_state else current):
+                    for run in runners:
+                        run(ls)
+                        if ls.stop_iteration:
+                            break
+                    if ls.stop_iteration:
+                        break
+            logs = ls.logs
+            if logs:
+                history.commit(current, logs)
+                ls._committed.merge(logs)
+            current = self.current = after
+            self.in_batch = False
+            if (
+                ls.stop_iteration
+                or ls.stopping
+                or (stop is not None and stop.reached(after))
+            ):
+                break
+            current = self.current = after.update_time()
+        if not self.started:  # no batch at all: on_start still runs once
+            ls.batch = None
+            self._on_start()
+
+    def interrupted(self) -> None:
+        """After Ctrl-C inside a batch: keep its logs once; count the batch if it
+        reached the state."""
+        if not self.in_batch:
+            return
+        ls = self.ls
+        if ls.logs and len(ls.history) == self.rows:
+            ls.history.commit(self.current, ls.logs)
+        if ls.state is not self.state:
+            self.current = ls.elapsed_after

@@ -1,0 +1,1 @@
+"""Predefined loops (`train_loop`, `test_loop`, `predict_loop`) and named schedules."""

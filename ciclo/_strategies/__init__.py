@@ -1,0 +1,43 @@
+"""Strategies: how a managed step runs (`eager`, `jit`, `data_parallel`, `sharded`).
+
+Built-in names: `"eager"`, `"jit"`, `"jit_donate"`, `"data_parallel"`,
+`"data_parallel_donate"` and `"sharded"` (`"-"` works as `"_"`). Add your own with
+`register_strategy(name, strategy)`.
+"""
+
+from ciclo._strategies.base import (
+    Strategy,
+    compute_stateful_metrics,
+    is_stateful_metric,
+)
+from ciclo._strategies.data_parallel import DataParallel
+from ciclo._strategies.eager import Eager
+from ciclo._strategies.jit import Jit
+from ciclo._strategies.registry import (
+    get_strategy,
+    register_strategy,
+    registered_strategies,
+)
+from ciclo._strategies.sharded import Sharded
+
+__all__ = [
+    "DataParallel",
+    "Eager",
+    "Jit",
+    "Sharded",
+    "Strategy",
+    "compute_stateful_metrics",
+    "get_strategy",
+    "is_stateful_metric",
+    "register_strategy",
+    "registered_strategies",
+]
+
+register_strategy("eager", Eager())
+register_strategy("jit", Jit())
+register_strategy("jit_donate", Jit("jit_donate", donate=True))
+register_strategy("data_parallel", DataParallel())
+register_strategy(
+    "data_parallel_donate", DataParallel("data_parallel_donate", donate=True)
+)
+register_strategy("sharded", Sharded())

@@ -1,0 +1,161 @@
+"""The `sharded` strategy: `jax.jit` over a 1-D mesh of all (global) devices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ciclo._logs import OUTPUTS, Logs
+from ciclo._strategies.base import (
+    Step,
+    Strategy,
+    compute_stateful_metrics,
+    tree_is_key,
+)
+
+__all__ = ["Sharded"]
+
+
+class Sharded(Strategy):
+    """Data parallelism with `jax.jit` on a `Mesh` of `jax.devices()` (axis `data`).
+
+    The state is replicated over the mesh and each batch is sharded on its first
+    axis; XLA inserts the gradient all-reduce, so results equal the `jit` run.
+    Under `jax.distributed` (several processes) each process passes its LOCAL part
+    of the batch (its size a multiple of its local device count); the global batch
+    is assembled with `jax.make_array_from_process_local_data`, in process order.
+
+    What comes back is always readable by the calling process: losses and metrics
+    are replicated (one device's copy is returned), outputs are the rows of the
+    calling process's local batch (gather them with
+    `jax.experimental.multihost_utils.process_allgather` if needed), and `to_host`
+    returns the state on one local device (each process holds a full copy).
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.get_strategy("sharded").axis
+        'data'
+    """
+
+    axis = "data"
+
+    def __init__(self, name: str = "sharded", *, donate: bool = False):
+        super().__init__(name, donate=donate)
+        self._mesh: Mesh | None = None
+
+    @property
+    def max_in_flight(self) -> int | None:
+        # With several processes, XLA:CPU + gloo collectives were seen to deadlock
+        # once ~100+ steps were queued; a window of 16 keeps the devices busy.
+        return 16 if jax.process_count() > 1 else None
+
+    @property
+    def mesh(self) -> Mesh:
+        """The 1-D mesh over all devices (built on first use, after
+        `jax.distributed.initialize`)."""
+        if self._mesh is None or self._mesh.devices.size != jax.device_count():
+            self._mesh = Mesh(np.array(jax.devices()), (self.axis,))
+        return self._mesh
+
+    def _replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    def from_host(self, state: Any) -> Any:
+        # typed PRNG keys can't be put on devices of other processes: put their
+        # raw data (from the host) and wrap it again
+        keys = jax.tree.map(tree_is_key, state)
+        raw = jax.tree.map(
+            lambda x, key: np.asarray(jax.random.key_data(x)) if key else x,
+            state,
+            keys,
+        )
+        # a donating strategy must not consume (or donate twice) the caller's arrays
+        placed = jax.device_put(
+            raw, self._replicated(), may_alias=False if self.donate else None
+        )
+        return jax.tree.map(
+            lambda x, old, key: (
+                jax.random.wrap_key_data(x, impl=jax.random.key_impl(old)) if key else x
+            ),
+            placed,
+            state,
+            keys,
+        )
+
+    def to_host(self, state: Any) -> Any:
+        return jax.tree.map(_local_copy, state)
+
+    def lift_batch(self, batch: Any) -> Any:
+        local = jax.local_device_count()
+        data = NamedSharding(self.mesh, P(self.axis))
+
+        def shard(x: Any) -> Any:
+            shape = np.shape(x)
+            if not shape:
+                return jax.device_put(x, self._replicated())
+            if shape[0] % local:
+                where = (
+                    f"{local} local devices ({jax.device_count()} devices in "
+                    f"{jax.process_count()} processes)"
+                    if jax.process_count() > 1
+                    else f"{local} devices"
+                )
+                raise ValueError(
+                    f"Strategy {self.name!r}: a batch of size {shape[0]} (leaf "
+                    f"shape {shape}) does not split evenly across {where}. Use a "
+                    f"batch size that is a multiple of {local}, or drop the last "
+                    f"partial batch."
+                )
+            return jax.make_array_from_process_local_data(data, x)
+
+        return jax.tree.map(shard, batch)
+
+    def compile(self, fn: Step, *, donate: bool = False) -> Step:
+        replicated = self._replicated()
+
+        def run(state, batch, elapsed):
+            logs, state = fn(state, batch, elapsed)
+            return logs, jax.lax.with_sharding_constraint(state, replicated)
+
+        return jax.jit(run, donate_argnums=(0,) if donate else ())
+
+    def reduce_logs(self, logs: Logs) -> Logs:
+        logs = compute_stateful_metrics(logs)
+        n = jax.device_count()
+        out = Logs()
+        for collection, name, value in logs.entries():
+            shape = np.shape(value)
+            split = collection == OUTPUTS and shape and shape[0] % n == 0
+            spec = P(self.axis) if split else P()
+            value = jax.lax.with_sharding_constraint(
+                value, NamedSharding(self.mesh, spec)
+            )
+            out.add_entry(collection, name, value)
+        return out
+
+    def lower_logs(self, logs: Logs) -> Logs:
+        if jax.process_count() == 1:
+            return logs
+        out = Logs()
+        for collection, name, x in logs.entries():
+            if not x.is_fully_addressable:
+                if x.is_fully_replicated:
+                    x = _local_copy(x)
+                else:
+                    x = multihost_utils.global_array_to_host_local_array(
+                        x, self.mesh, P(self.axis)
+                    )
+            out.add_entry(collection, name, x)
+        return out
+
+
+def _local_copy(x: Any) -> Any:
+    """One local device's copy of a replicated array (works across processes)."""
+    if isinstance(x, jax.Array):
+        return x.addressable_data(0)
+    return x

@@ -1,0 +1,309 @@
+"""`checkpoint` and `restore`: save the state and its `Elapsed` with orbax-checkpoint.
+
+Each checkpoint is an orbax step directory named by `elapsed.steps` — the batches
+already trained INTO the saved state — holding two items: `state` (the pytree, via
+`StandardSave`) and `elapsed` (JSON). Saves are asynchronous (orbax writes in the
+background) and are finished before the loop returns.
+
+Retention: without `monitor`, the `keep` latest checkpoints. With `monitor`, the
+`keep` best by that metric AND the latest one (orbax's `best_fn` with `max_to_keep`
+alone would delete the newest when it is not among the best, and a resume would go
+back silently), combined as `AnyPreservationPolicy([LatestN(1), BestN(keep)])`.
+
+A directory is one timeline: saving step `s` first deletes checkpoints at steps
+`>= s` left there by an earlier run (with a warning), then saves; earlier steps are
+kept and take part in retention, so a resumed run continues its directory.
+
+A managed state (`ManagedState`, `FlaxState`) is saved in its single-device host
+layout and restored into the target's strategy, so a checkpoint saved under one
+strategy or device count restores under any other.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+from ciclo._time import Elapsed, batch_size
+from ciclo.callbacks import _orbax
+from ciclo.callbacks._monitor import Monitor
+
+__all__ = ["checkpoint", "restore"]
+
+
+def restore(
+    directory: str | os.PathLike,
+    target_state: Any = None,
+    *,
+    best: bool = False,
+    step: int | None = None,
+) -> tuple[Any, Elapsed]:
+    """Restores `(state, elapsed)` from a directory written by `ciclo.checkpoint`.
+
+    The restored `Elapsed` counts the batches already trained into the state, so
+    `ciclo.train_loop(state, data_from(elapsed.steps), elapsed=elapsed, ...)` resumes
+    with the next unseen batch.
+
+    Args:
+        directory: the checkpoint directory.
+        target_state: a state with the structure, dtypes and shardings to restore
+            into (e.g. a freshly initialised one); None returns orbax's raw pytree.
+            A managed state is restored under its own strategy, whatever the
+            strategy and device count the checkpoint was saved with.
+        best: restore the best checkpoint by the monitored metric instead of the
+            latest (the default, which is what resuming needs).
+        step: restore this step instead.
+
+    Returns:
+        `(state, elapsed)`.
+
+    Raises:
+        ValueError: if there is no checkpoint, no such step, or `best=True` and the
+            checkpoints were saved without `monitor`.
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp, ciclo
+        >>> directory = tempfile.mkdtemp()
+        >>> ckpt = ciclo.checkpoint(directory)
+        >>> ckpt(ciclo.Elapsed.create(steps=4), {"w": jnp.ones(2)})
+        >>> ckpt.close()
+        >>> state, elapsed = ciclo.restore(directory, {"w": jnp.zeros(2)})
+        >>> state["w"].tolist(), elapsed.steps
+        ([1.0, 1.0], 5)
+    """
+    path = _orbax.path(directory)
+    if not path.exists():
+        raise ValueError(f"No checkpoint directory {path}.")
+    manager = _orbax.manager(path, create=False, enable_async_checkpointing=False)
+    try:
+        return _orbax.restore_from(manager, target_state, best, step)
+    finally:
+        manager.close()
+
+
+class checkpoint:
+    """Saves the state and its `Elapsed` with orbax-checkpoint at each call.
+
+    In `ciclo.train_loop(callbacks=[...])` it runs on `on_epoch_end`; in `ciclo.loop`
+    give it a schedule (`{ciclo.every(1000): [train_step, ckpt]}`, after the train
+    step). The checkpoint's step is the number of batches trained into the saved
+    state: in a loop it counts the current batch (a checkpoint taken after batch 4
+    — the 5th — says `steps == 5`). Called by hand, `ckpt(elapsed, state)` takes
+    the `elapsed` that `ciclo.elapse` gave with the batch the state was just
+    trained on, and also counts that batch (pass `batch=` so samples count it too).
+
+    Saves are asynchronous; the loop waits for them when it ends (normally, on
+    Ctrl-C or on an error). By hand, call `wait()` or `close()`.
+
+    Args:
+        directory: where to save (created if missing; a local path or a URL orbax
+            supports, e.g. `gs://...`).
+        monitor: keep the best checkpoints by this logged entry (bare name or
+            `"collection.name"`, e.g. `"accuracy_test"`); None keeps the latest.
+        mode: `"min"` or `"max"`: whether lower or higher `monitor` is better.
+        keep: how many checkpoints to keep: the latest ones, or with `monitor` the
+            best ones (the latest is always kept too, to resume from).
+        async_save: write in the background (orbax async checkpointing).
+
+    Raises:
+        TypeError: if `directory` is not a path or `keep` not an int.
+        ValueError: if `keep < 1` or `mode` is not "min"/"max"; at a save, if the
+            monitored metric was not logged (the message lists what was).
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp, ciclo
+        >>> def train_step(state, batch):
+        ...     logs = ciclo.logs()
+        ...     logs.add_metric("accuracy", batch / 10)
+        ...     return logs, state + batch
+        >>> directory = tempfile.mkdtemp()
+        >>> ckpt = ciclo.checkpoint(directory, monitor="accuracy", mode="max")
+        >>> _ = ciclo.loop(
+        ...     jnp.array(0), [3, 9, 1], {ciclo.every(1): [train_step, ckpt]}
+        ... )
+        >>> ckpt.steps(), ckpt.best_step()
+        ([2, 3], 2)
+        >>> state, elapsed = ckpt.restore(jnp.array(0), best=True)
+        >>> int(state), elapsed.steps
+        (12, 2)
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        monitor: str | None = None,
+        mode: str = "min",
+        keep: int = 1,
+        async_save: bool = True,
+    ):
+        if isinstance(keep, bool) or not isinstance(keep, int):
+            raise TypeError(f"`keep` must be an int, got {keep!r}.")
+        if keep < 1:
+            raise ValueError(
+                f"`keep` must be >= 1 (checkpoints to keep), got {keep}; to save "
+                f"nothing, don't add a checkpoint callback."
+            )
+        self.directory = _orbax.path(directory)
+        self.monitor = (
+            None if monitor is None else Monitor(monitor, mode, owner="checkpoint")
+        )
+        if monitor is None and mode not in ("min", "max"):
+            raise ValueError(f"`mode` must be 'min' or 'max'; got {mode!r}.")
+        self.keep = keep
+        self.async_save = bool(async_save)
+        self._manager: ocp.CheckpointManager | None = None
+        self._saved: set[int] = set()
+
+    # -- registration -----------------------------------------------------------
+    @property
+    def on_epoch_end(self) -> checkpoint:
+        """The callback itself: `train_loop(callbacks=[ckpt])` saves each epoch."""
+        return self
+
+    # -- saving -------------------------------------------------------------------
+    def __call__(
+        self,
+        elapsed: Elapsed,
+        state: Any,
+        logs: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        batch: Any = None,
+    ) -> None:
+        """Saves `state` by hand, after training it on the batch `elapsed` came with.
+
+        Args:
+            elapsed: the `Elapsed` from `ciclo.elapse` for that batch; the checkpoint
+                records `elapsed.steps + 1` (and with `batch`, its samples too).
+            state: the state to save.
+            logs: the step's logs; required with `monitor`.
+            batch: the batch, to count its samples.
+        """
+        size = 0 if batch is None else batch_size(batch)
+        value = None
+        if self.monitor is not None:
+            if not logs:
+                raise ValueError(
+                    f"checkpoint(monitor={self.monitor.name!r}) needs the step's "
+                    f"logs: call it as ckpt(elapsed, state, logs)."
+                )
+            value = self.monitor.read(logs)
+        self._save(elapsed.update(size), state, value)
+
+    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+        elapsed = loop_state.elapsed_after
+        value = None
+        if self.monitor is not None:
+            value = self.monitor.read_loop_state(loop_state)
+        self._save(elapsed, loop_state.state, value)
+        return None, None
+
+    def __loop_end__(self, loop_state: Any) -> None:
+        """Waits for the background saves (called once when the loop ends)."""
+        self.close()
+
+    def _save(self, elapsed: Elapsed, state: Any, value: float | None) -> None:
+        manager = self._open()
+        step = int(elapsed.steps)
+        stale = [s for s in manager.all_steps() if s >= step]
+        if stale:
+            manager.wait_until_finished()
+            foreign = [s for s in stale if s not in self._saved]
+            if foreign:
+                warnings.warn(
+                    f"ciclo.checkpoint: {self.directory} has checkpoints at steps "
+                    f"{foreign} from an earlier run, not before this save at step "
+                    f"{step}; deleting them (one directory is one timeline). Use a "
+                    f"new directory to keep them.",
+                    stacklevel=3,
+                )
+            for s in stale:
+                manager.delete(s)
+        metrics = None
+        if self.monitor is not None:
+            metrics = {
+                "score": self.monitor.score(value),
+                "value": value,
+                "monitor": self.monitor.name,
+                "mode": self.monitor.mode,
+            }
+        state = _orbax.host_layout(state)
+        wrapped = _orbax.is_leaf(state)
+        manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave([state] if wrapped else state),
+                elapsed=ocp.args.JsonSave(_orbax.elapsed_json(elapsed, wrapped)),
+            ),
+            metrics=metrics,
+            force=True,
+        )
+        self._saved.add(step)
+
+    def _open(self) -> ocp.CheckpointManager:
+        if self._manager is None:
+            if self.monitor is None:
+                policy = policies.LatestN(n=self.keep)
+            else:
+                policy = policies.AnyPreservationPolicy(
+                    [
+                        policies.LatestN(n=1),
+                        policies.BestN(
+                            get_metric_fn=_orbax.score,
+                            n=self.keep,
+                            keep_checkpoints_without_metrics=False,
+                        ),
+                    ]
+                )
+            self._manager = _orbax.manager(
+                self.directory,
+                preservation_policy=policy,
+                # best_fn makes orbax write the metrics; retention is `policy`.
+                best_fn=None if self.monitor is None else _orbax.score,
+                best_mode="max",
+                enable_async_checkpointing=self.async_save,
+            )
+        return self._manager
+
+    # -- waiting, reading, restoring -----------------------------------------------
+    def wait(self) -> None:
+        """Blocks until the background saves are written (re-raises their errors)."""
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for the saves and releases orbax's resources (reopened on use)."""
+        if self._manager is not None:
+            manager, self._manager = self._manager, None
+            manager.close()
+
+    def steps(self) -> list[int]:
+        """The steps of the checkpoints in the directory (after pending saves)."""
+        self.wait()
+        return list(self._open().all_steps())
+
+    def latest_step(self) -> int | None:
+        """The step of the latest checkpoint, or None."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def best_step(self) -> int | None:
+        """The step of the best checkpoint by `monitor` (the latest without it)."""
+        steps = self.steps()
+        if self.monitor is None or not steps:
+            return steps[-1] if steps else None
+        manager = self._open()
+        return max(steps, key=lambda s: (_orbax.score(manager.metrics(s)), s))
+
+    def restore(
+        self, target_state: Any = None, *, best: bool = False, step: int | None = None
+    ) -> tuple[Any, Elapsed]:
+        """Restores `(state, elapsed)`: the latest checkpoint, or with `best=True`
+        the best by `monitor`. See `ciclo.restore`."""
+        self.wait()
+        return _orbax.restore_from(self._open(), target_state, best, step)
