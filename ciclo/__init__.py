@@ -60,19 +60,19 @@ from ciclo.callbacks._early_stopping import early_stopping as early_stopping
 from ciclo.callbacks._inner_loop import inner_loop as inner_loop
 from ciclo.callbacks._noop import noop as noop
 
-# name -> (module, attribute): imported on first access (they pull in orbax, pkbar,
-# tqdm, flax or einop).
+# name -> (module, attribute, extra): imported on first access, since they pull in
+# orbax, pkbar, tqdm, flax or einop.
 _LAZY = {
-    "keras_bar": ("ciclo.callbacks._keras_bar", "keras_bar"),
-    "tqdm_bar": ("ciclo.callbacks._tqdm_bar", "tqdm_bar"),
-    "checkpoint": ("ciclo.callbacks._checkpoint", "checkpoint"),
-    "restore": ("ciclo.callbacks._checkpoint", "restore"),
-    "managed": ("ciclo.managed", None),
-    "Strategy": ("ciclo._strategies", "Strategy"),
-    "register_strategy": ("ciclo._strategies", "register_strategy"),
-    "get_strategy": ("ciclo._strategies", "get_strategy"),
-    "create_flax_state": ("ciclo._flax", "create_flax_state"),
-    "FlaxState": ("ciclo._flax", "FlaxState"),
+    "keras_bar": ("ciclo.callbacks._keras_bar", "keras_bar", "bars"),
+    "tqdm_bar": ("ciclo.callbacks._tqdm_bar", "tqdm_bar", "bars"),
+    "checkpoint": ("ciclo.callbacks._checkpoint", "checkpoint", "checkpoint"),
+    "restore": ("ciclo.callbacks._checkpoint", "restore", "checkpoint"),
+    "managed": ("ciclo.managed", None, "flax"),
+    "Strategy": ("ciclo._strategies", "Strategy", "flax"),
+    "register_strategy": ("ciclo._strategies", "register_strategy", "flax"),
+    "get_strategy": ("ciclo._strategies", "get_strategy", "flax"),
+    "create_flax_state": ("ciclo._flax", "create_flax_state", "flax"),
+    "FlaxState": ("ciclo._flax", "FlaxState", "flax"),
 }
 
 
@@ -80,8 +80,14 @@ def __getattr__(name: str) -> Any:
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'ciclo' has no attribute {name!r}")
-    module_name, attribute = target
-    module = importlib.import_module(module_name)
+    module_name, attribute, extra = target
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ImportError(
+            f"ciclo.{name} needs {error.name or 'a package that is missing'} "
+            f"({error}); install it with: pip install 'ciclo[{extra}]'."
+        ) from error
     value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value
     return value

@@ -85,10 +85,14 @@ def arity(f: Callable[..., Any], where: str, most: int = len(ARGUMENTS)) -> int:
         elif p.kind == p.KEYWORD_ONLY and p.default is p.empty:
             required = most + 1
     if required > most:
+        given = (
+            f"it is called with the first N of {ARGUMENTS[:most]}"
+            if most
+            else "it cannot be called without arguments"
+        )
         raise TypeError(
-            f"{where} ({describe(f)}) requires more arguments than it gets: it is "
-            f"called with the first N of {ARGUMENTS[:most]}; give its other "
-            f"parameters defaults or bind them with functools.partial."
+            f"{where} ({describe(f)}) requires more arguments than it gets: {given}; "
+            f"give its other parameters defaults or bind them with functools.partial."
         )
     return min(count, most)
 

@@ -102,7 +102,7 @@ class History:
         >>> elapsed = ciclo.Elapsed.create()
         >>> for i in range(3):
         ...     logs = ciclo.logs()
-        ...     logs.add_metric("loss", 1.0 / (i + 1))
+        ...     _ = logs.add_metric("loss", 1.0 / (i + 1))
         ...     history.commit(elapsed, logs)
         ...     elapsed = elapsed.update(batch_size=8)
         >>> history.collect("steps", "loss")

@@ -34,7 +34,7 @@ class KeywordCall:
             has positional-only parameters without defaults (ciclo passes by name).
 
     Example:
-        >>> from ciclo.flax.kwargs import KeywordCall
+        >>> from ciclo._flax.kwargs import KeywordCall
         >>> call = KeywordCall("loss", "mse", lambda preds, target: (preds - target) ** 2)
         >>> call({"preds": 3.0, "target": 1.0, "inputs": None})
         4.0

@@ -142,7 +142,7 @@ def create_linen_state(
 
     Example:
         >>> import jax.numpy as jnp, optax, flax.linen as nn
-        >>> from ciclo.flax.linen import create_linen_state
+        >>> from ciclo._flax.linen import create_linen_state
         >>> state = create_linen_state(nn.Dense(2), jnp.ones((1, 3)), optax.sgd(0.1))
         >>> state.params["kernel"].shape
         (3, 2)

@@ -124,7 +124,7 @@ def create_nnx_state(
     Example:
         >>> import optax
         >>> from flax import nnx
-        >>> from ciclo.flax.nnx import create_nnx_state
+        >>> from ciclo._flax.nnx import create_nnx_state
         >>> state = create_nnx_state(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), optax.sgd(0.1))
         >>> state.params["kernel"].shape
         (3, 2)

@@ -26,7 +26,7 @@ def is_metric_class(obj: Any) -> bool:
     Duck-typed, so clu is only needed by the user who passes one.
 
     Example:
-        >>> from ciclo.flax.objectives import is_metric_class
+        >>> from ciclo._flax.objectives import is_metric_class
         >>> is_metric_class(lambda preds: preds)
         False
     """
@@ -104,7 +104,7 @@ class Objectives:
         ValueError: for a reserved name or a name used twice.
 
     Example:
-        >>> from ciclo.flax.objectives import Objectives
+        >>> from ciclo._flax.objectives import Objectives
         >>> o = Objectives({"loss": lambda preds, target: (preds - target) ** 2}, {})
         >>> logs, _ = o.evaluate({"preds": 3.0, "target": 1.0}, {}, {}, {})
         >>> float(logs.losses.loss)

@@ -69,22 +69,6 @@ class Table:
         return (*self.own, *(n for n in self.nested if n not in self.own))
 
 
-TRAIN = Table(
-    "train_loop",
-    start=(on_train_begin,),
-    batch=(on_train_batch_begin, on_train_step, TASKS),
-    epoch=(on_reset_step, NESTED, on_epoch_end),
-    batch_end=(on_train_batch_end,),
-    end=(on_train_end,),
-    step=on_train_step,
-    nested=(
-        on_test_begin,
-        on_test_batch_begin,
-        on_test_step,
-        on_test_batch_end,
-        on_test_end,
-    ),
-)
 TEST = Table(
     "test_loop",
     start=(on_reset_step, on_test_begin),
@@ -93,6 +77,16 @@ TEST = Table(
     batch_end=(on_test_batch_end,),
     end=(on_test_end,),
     step=on_test_step,
+)
+TRAIN = Table(
+    "train_loop",
+    start=(on_train_begin,),
+    batch=(on_train_batch_begin, on_train_step, TASKS),
+    epoch=(on_reset_step, NESTED, on_epoch_end),
+    batch_end=(on_train_batch_end,),
+    end=(on_train_end,),
+    step=on_train_step,
+    nested=tuple(n for n in TEST.own if n != on_reset_step),  # resets run before it
 )
 PREDICT = Table(
     "predict_loop",

@@ -12,10 +12,10 @@ The whole per-batch order of `train_loop`, from `named.TRAIN`:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ciclo._callback import arity
 from ciclo._history import History
 from ciclo._loop import loop
 from ciclo._loops.epoch import EpochEnd, Peekable
@@ -29,8 +29,8 @@ from ciclo._loops.named import (
     aliases_of,
     on_reset_step,
     on_test_step,
-    resolve,
 )
+from ciclo._loops.register import as_list, register
 from ciclo._schedules.base import Schedule
 from ciclo._time import Elapsed, Period, as_period
 from ciclo.callbacks._inner_loop import inner_loop
@@ -50,67 +50,12 @@ class _Named(Schedule):
         return repr(self.name)
 
 
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def _register(table: Table, state: Any, tasks: Any, callbacks: Any):
-    """Callbacks per named schedule: the state's class methods, then `tasks`, then
-    the `callbacks` objects' attributes (on the loop's own names only); and the
-    ordinary `(schedule, callbacks)` pairs of `tasks`."""
-    named: dict[str, list[Any]] = {name: [] for name in table.names}
-    for name in table.names:
-        for attribute in aliases_of(name):
-            method = getattr(type(state), attribute, None)
-            if callable(method) and all(method is not m for m in named[name]):
-                named[name].append(method)
-    if not isinstance(tasks, Mapping | None):
-        raise TypeError(
-            f"{table.loop}: `tasks` must be a dict {{schedule: callback_or_list}}, got "
-            f"{type(tasks).__name__}. Example: {{ciclo.{table.step}: [step_fn]}}."
-        )
-    ordinary = []
-    for key, value in (tasks or {}).items():
-        if isinstance(key, str):
-            named[resolve(table, key)].extend(_as_list(value))
-        else:
-            ordinary.append((key, value))
-    for i, callback in enumerate(_as_list(callbacks)):
-        found = [
-            getattr(callback, a)
-            for name in table.own
-            for a in aliases_of(name)
-            if getattr(callback, a, None) is not None
-        ]
-        if not found:
-            hint = (
-                f" Did you pass the factory without calling it? Use "
-                f"{getattr(callback, '__name__', 'it')}(...)."
-                if inspect.isfunction(callback) or inspect.isclass(callback)
-                else ""
-            )
-            raise TypeError(
-                f"{table.loop}: callbacks[{i}] ({callback!r:.60}) has no attribute "
-                f"named like a named schedule of {table.loop} ({list(table.own)}), "
-                f"so it cannot register itself.{hint} Otherwise put it in `tasks` "
-                f"with a schedule, e.g. {{ciclo.every(1): [callback]}}."
-            )
-        for name in table.own:
-            for attribute in aliases_of(name):
-                method = getattr(callback, attribute, None)
-                if method is not None:
-                    named[name].append(method)
-    return named, ordinary
-
-
 def _compile(table: Table, named, ordinary, epoch=None, nested=()):
     """The table laid out as `ciclo.loop` arguments: (tasks, on_start, on_end)."""
     tasks: dict[Any, Any] = {}
     for name in table.batch:
         if name == TASKS:
-            tasks.update((k, v) for k, v in ordinary if _as_list(v))
+            tasks.update((k, v) for k, v in ordinary if as_list(v))
         elif named[name]:
             tasks[_Named(name)] = named[name]
     for name in table.epoch:
@@ -172,17 +117,12 @@ def train_loop(
         callbacks: objects registering their `on_train_*`, `on_epoch_end` and
             `on_reset_step` attributes (keras_bar, checkpoint, early_stopping, ...).
         test_dataset: a zero-argument callable returning a fresh test iterable.
-        epoch_duration: int steps or a `Period` (steps, samples, time).
-        test_duration: how long each test loop runs (default: until exhausted).
+        epoch_duration, test_duration: int steps or a `Period`; `test_duration`
+            bounds each test loop (default: until the test data is exhausted).
         test_name: suffix of the test entries (`"accuracy_test"`).
-        stop: int steps or any `Period`.
-        history, elapsed, catch_keyboard_interrupt, metadata, batch_size_fn: as in
-            `ciclo.loop` (the test loop uses the same `metadata`/`batch_size_fn`).
-        inner_loop_kwargs: for the test `ciclo.inner_loop`, e.g.
-            `{"aggregation": "mean"}`.
-
-    Returns:
-        `(state, history, elapsed)`.
+        inner_loop_kwargs: for the test `ciclo.inner_loop`, e.g. its aggregation.
+        stop, history, elapsed, catch_keyboard_interrupt, metadata, batch_size_fn:
+            as in `ciclo.loop` (the test loop shares `metadata`/`batch_size_fn`).
 
     Raises:
         ValueError: for an unknown named schedule, `test_dataset` with nothing on
@@ -202,10 +142,10 @@ def train_loop(
         >>> int(state), history.collect("steps", "seen_test")
         (6, ([2, 5], [3, 6]))
     """
-    named, ordinary = _register(TRAIN, state, tasks, callbacks)
+    named, ordinary = register(TRAIN, state, tasks, callbacks)
     if test_duration is not None:
         as_period(test_duration, "test_duration")
-    data = Peekable(_iterate(dataset, "`dataset` is", "an iterable of batches"))
+    data = Peekable(_iterate(dataset, "`dataset` is"))
     start = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
     stop_at = None if stop is None else as_period(stop, "stop")
     epoch = EpochEnd(epoch_duration, stop_at, start, data.exhausted)
@@ -213,78 +153,51 @@ def train_loop(
     if test_dataset is not None:
         kwargs = dict(metadata=metadata, batch_size_fn=batch_size_fn)
         run_test = _evaluation(named, test_dataset, test_duration, kwargs)
-        nested.append(inner_loop(test_name, run_test, **_kwargs(inner_loop_kwargs)))
+        if not isinstance(inner_loop_kwargs, Mapping | None):
+            raise TypeError(
+                f"train_loop: `inner_loop_kwargs` must be a dict such as "
+                f"{{'aggregation': 'mean'}}, got {type(inner_loop_kwargs).__name__}."
+            )
+        nested.append(inner_loop(test_name, run_test, **(inner_loop_kwargs or {})))
     tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, nested)
     return loop(
-        state,
-        data,
-        tasks,
-        stop=stop,
-        on_start=on_start,
-        on_end=on_end,
-        history=history,
-        elapsed=elapsed,
-        catch_keyboard_interrupt=catch_keyboard_interrupt,
-        metadata=metadata,
-        batch_size_fn=batch_size_fn,
-    )
+        state, data, tasks, stop=stop, on_start=on_start, on_end=on_end,
+        history=history, elapsed=elapsed, metadata=metadata,
+        catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
+    )  # fmt: skip
 
 
-def _iterate(dataset: Any, what: str, expected: str) -> Iterator[Any]:
+def _iterate(dataset: Any, what: str) -> Iterator[Any]:
     try:
         return iter(dataset)
     except TypeError:
         raise TypeError(
             f"train_loop: {what} {dataset!r:.100} ({type(dataset).__name__}), which "
-            f"is not iterable; expected {expected}."
+            f"is not iterable; expected an iterable of batches."
         ) from None
-
-
-def _kwargs(inner_loop_kwargs: Any) -> Mapping[str, Any]:
-    if inner_loop_kwargs is not None and not isinstance(inner_loop_kwargs, Mapping):
-        raise TypeError(
-            f"train_loop: `inner_loop_kwargs` must be a dict such as "
-            f"{{'aggregation': 'mean'}}, got {type(inner_loop_kwargs).__name__}."
-        )
-    return inner_loop_kwargs or {}
 
 
 def _evaluation(named, test_dataset, test_duration, loop_kwargs):
     """`state -> test_loop(...)` over a fresh `test_dataset()`, without the reset
     steps (the epoch end has just run them)."""
-    problem = None
     if not callable(test_dataset):
-        problem = f"got {test_dataset!r:.100} ({type(test_dataset).__name__})"
-    else:
-        try:
-            inspect.signature(test_dataset).bind()
-        except TypeError as error:
-            problem = (
-                f"{test_dataset!r:.100} cannot be called without arguments ({error})"
-            )
-        except ValueError:  # no signature (some builtins): trust it
-            pass
-    if problem is not None:
         raise TypeError(
-            f"train_loop: `test_dataset` must be a zero-argument callable returning "
-            f"a fresh iterable each epoch, e.g. test_dataset=lambda: "
-            f"make_test_batches(); {problem}."
+            f"train_loop: `test_dataset` must be a zero-argument callable returning a "
+            f"fresh iterable each epoch, e.g. lambda: make_test_batches(); got "
+            f"{test_dataset!r:.100} ({type(test_dataset).__name__})."
         )
+    arity(test_dataset, "train_loop: `test_dataset`", most=0)
     if not named[on_test_step]:
         raise ValueError(
-            "train_loop: `test_dataset` was given but nothing runs on "
-            "`on_test_step`: give the state a `test_step` method or pass "
+            "train_loop: `test_dataset` was given but nothing runs on `on_test_step`: "
+            "give the state a `test_step` method or pass "
             "tasks={ciclo.on_test_step: [test_step]}."
         )
     test_named = {name: named[name] for name in TEST.own}
     test_named[on_reset_step] = []
 
     def run_test(state: Any) -> tuple[Any, History, Elapsed]:
-        data = _iterate(
-            test_dataset(),
-            "`test_dataset()` returned",
-            "a fresh iterable of test batches each epoch, e.g. lambda: iter(batches)",
-        )
+        data = _iterate(test_dataset(), "`test_dataset()` returned")
         return _run(
             TEST, state, data, test_named, [], stop=test_duration,
             catch_keyboard_interrupt=False, **loop_kwargs,
@@ -299,17 +212,13 @@ def test_loop(
     tasks: Mapping[Any, Any] | None = None,
     *,
     callbacks: list[Any] | None = None,
-    stop: int | Period | None = None,
-    history: History | None = None,
-    elapsed: Elapsed | None = None,
-    catch_keyboard_interrupt: bool = True,
-    metadata: Any = None,
-    batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
+    **loop_kwargs: Any,
 ) -> tuple[Any, History, Elapsed]:
     """Evaluates: the reset steps and `on_test_begin` first; per batch
     `on_test_batch_begin`, `on_test_step`, the ordinary `tasks`, `on_test_batch_end`;
-    `on_test_end` after the last batch. Registration as in `train_loop`; the other
-    arguments as in `ciclo.loop`.
+    `on_test_end` after the last batch. Registration as in `train_loop`;
+    `loop_kwargs` (`stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
+    `metadata`, `batch_size_fn`) as in `ciclo.loop`.
 
     Raises:
         ValueError: if nothing runs on `on_test_step` and `tasks` has no ordinary
@@ -323,12 +232,8 @@ def test_loop(
         >>> history.collect("double")
         [2, 4]
     """
-    named, ordinary = _register(TEST, state, tasks, callbacks)
-    return _run(
-        TEST, state, dataset, named, ordinary, stop=stop, history=history,
-        elapsed=elapsed, catch_keyboard_interrupt=catch_keyboard_interrupt,
-        metadata=metadata, batch_size_fn=batch_size_fn,
-    )  # fmt: skip
+    named, ordinary = register(TEST, state, tasks, callbacks)
+    return _run(TEST, state, dataset, named, ordinary, **loop_kwargs)
 
 
 def predict_loop(
@@ -337,12 +242,7 @@ def predict_loop(
     tasks: Mapping[Any, Any] | None = None,
     *,
     callbacks: list[Any] | None = None,
-    stop: int | Period | None = None,
-    history: History | None = None,
-    elapsed: Elapsed | None = None,
-    catch_keyboard_interrupt: bool = True,
-    metadata: Any = None,
-    batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
+    **loop_kwargs: Any,
 ) -> tuple[Any, History, Elapsed]:
     """Runs inference: `on_predict_begin` first; per batch `on_predict_batch_begin`,
     `on_predict_step`, the ordinary `tasks`, `on_predict_batch_end`;
@@ -357,12 +257,8 @@ def predict_loop(
         >>> history.collect("y")
         [3, 6]
     """
-    named, ordinary = _register(PREDICT, state, tasks, callbacks)
-    return _run(
-        PREDICT, state, dataset, named, ordinary, stop=stop, history=history,
-        elapsed=elapsed, catch_keyboard_interrupt=catch_keyboard_interrupt,
-        metadata=metadata, batch_size_fn=batch_size_fn,
-    )  # fmt: skip
+    named, ordinary = register(PREDICT, state, tasks, callbacks)
+    return _run(PREDICT, state, dataset, named, ordinary, **loop_kwargs)
 
 
 test_loop.__test__ = False  # not a pytest test, even when imported into a test module

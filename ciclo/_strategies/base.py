@@ -35,7 +35,7 @@ class Strategy:
 
     Example:
         >>> import ciclo, jax
-        >>> class Traced(ciclo.strategies.Strategy):
+        >>> class Traced(ciclo.Strategy):
         ...     def compile(self, fn, *, donate=False):
         ...         return jax.jit(fn)
         >>> ciclo.register_strategy("my_jit", Traced("my_jit"), overwrite=True)

@@ -32,7 +32,7 @@ def register_strategy(
 
     Example:
         >>> import ciclo
-        >>> from ciclo.strategies import Strategy
+        >>> from ciclo import Strategy
         >>> ciclo.register_strategy("debug", Strategy("debug"), overwrite=True)
         >>> ciclo.get_strategy("debug")
         Strategy('debug')

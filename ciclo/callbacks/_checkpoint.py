@@ -119,7 +119,7 @@ class checkpoint:
         >>> import tempfile, jax.numpy as jnp, ciclo
         >>> def train_step(state, batch):
         ...     logs = ciclo.logs()
-        ...     logs.add_metric("accuracy", batch / 10)
+        ...     _ = logs.add_metric("accuracy", batch / 10)
         ...     return logs, state + batch
         >>> directory = tempfile.mkdtemp()
         >>> ckpt = ciclo.checkpoint(directory, monitor="accuracy", mode="max")

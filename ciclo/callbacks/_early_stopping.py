@@ -224,7 +224,7 @@ def early_stopping(
         >>> es = ciclo.early_stopping("loss", patience=2)
         >>> for step, loss in enumerate([3.0, 2.0, 2.5, 2.4, 2.6]):
         ...     logs = ciclo.logs()
-        ...     logs.add_metric("loss", loss)
+        ...     _ = logs.add_metric("loss", loss)
         ...     stop, _ = es(ciclo.Elapsed.create(steps=step), None, logs)
         ...     if stop:
         ...         break

@@ -194,7 +194,7 @@ def inner_loop(
         >>> import ciclo
         >>> def count(state, batch):
         ...     logs = ciclo.logs()
-        ...     logs.add_metric("x", batch)
+        ...     _ = logs.add_metric("x", batch)
         ...     return logs, state
         >>> inner = ciclo.inner_loop(
         ...     "valid", lambda s: ciclo.loop(s, [1, 2, 3], {ciclo.every(1): count}),

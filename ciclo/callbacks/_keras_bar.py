@@ -50,7 +50,7 @@ class keras_bar(ProgressBar):
         >>> import contextlib, io, ciclo
         >>> def train_step(state, batch):
         ...     logs = ciclo.logs()
-        ...     logs.add_loss("loss", 1.0 / (batch + 1))
+        ...     _ = logs.add_loss("loss", 1.0 / (batch + 1))
         ...     return logs, state
         >>> bar = ciclo.keras_bar(total=4)
         >>> out = io.StringIO()

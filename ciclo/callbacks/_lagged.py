@@ -70,7 +70,7 @@ class LaggedValues:
         >>> from ciclo.callbacks._lagged import LaggedValues
         >>> values = LaggedValues()
         >>> logs = ciclo.logs()
-        >>> logs.add_loss("loss", 0.5, add_metric=True)
+        >>> _ = logs.add_loss("loss", 0.5, add_metric=True)
         >>> values.offer(logs)
         >>> values.read()
         {'loss': 0.5}

@@ -43,7 +43,7 @@ class Monitor:
         >>> from ciclo.callbacks._monitor import Monitor
         >>> monitor = Monitor("accuracy", mode="max", min_delta=0.01)
         >>> logs = ciclo.logs()
-        >>> logs.add_metric("accuracy", 0.9)
+        >>> _ = logs.add_metric("accuracy", 0.9)
         >>> value = monitor.read(logs)
         >>> value, monitor.improves(value, best=0.895), monitor.improves(value, None)
         (0.9, False, True)

@@ -44,7 +44,7 @@ class tqdm_bar(ProgressBar):
         >>> bar = ciclo.tqdm_bar(total=3, file=out)
         >>> for elapsed, batch in ciclo.elapse(range(3)):
         ...     logs = ciclo.logs()
-        ...     logs.add_metric("accuracy", batch / 2)
+        ...     _ = logs.add_metric("accuracy", batch / 2)
         ...     bar(elapsed, logs)
         >>> bar.closed, "3/3" in out.getvalue(), "accuracy=1" in out.getvalue()
         (True, True, True)

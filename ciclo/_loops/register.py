@@ -1,0 +1,69 @@
+"""Self-registration: which callbacks run on each named schedule of a loop."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from ciclo._loops.named import Table, aliases_of, resolve
+
+
+def as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def register(table: Table, state: Any, tasks: Any, callbacks: Any):
+    """Callbacks per named schedule: the state's class methods, then `tasks`, then
+    the `callbacks` objects' attributes (on the loop's own names only); and the
+    ordinary `(schedule, callbacks)` pairs of `tasks`."""
+    named: dict[str, list[Any]] = {name: [] for name in table.names}
+    for name in table.names:
+        for attribute in aliases_of(name):
+            method = getattr(type(state), attribute, None)
+            if callable(method) and all(method is not m for m in named[name]):
+                named[name].append(method)
+    if not isinstance(tasks, Mapping | None):
+        raise TypeError(
+            f"{table.loop}: `tasks` must be a dict {{schedule: callback_or_list}}, got "
+            f"{type(tasks).__name__}. Example: {{ciclo.{table.step}: [step_fn]}}."
+        )
+    ordinary = []
+    for key, value in (tasks or {}).items():
+        if isinstance(key, str):
+            named[resolve(table, key)].extend(as_list(value))
+        else:
+            ordinary.append((key, value))
+    for i, callback in enumerate(as_list(callbacks)):
+        if inspect.isclass(callback):
+            raise TypeError(
+                f"{table.loop}: callbacks[{i}] is the class {callback.__name__}, not "
+                f"a callback: build one first, e.g. {callback.__name__}(...)."
+            )
+        found = [
+            getattr(callback, a)
+            for name in table.own
+            for a in aliases_of(name)
+            if getattr(callback, a, None) is not None
+        ]
+        if not found:
+            hint = (
+                f" Did you pass the factory without calling it? Use "
+                f"{getattr(callback, '__name__', 'it')}(...)."
+                if inspect.isfunction(callback)
+                else ""
+            )
+            raise TypeError(
+                f"{table.loop}: callbacks[{i}] ({callback!r:.60}) has no attribute "
+                f"named like a named schedule of {table.loop} ({list(table.own)}), "
+                f"so it cannot register itself.{hint} Otherwise put it in `tasks` "
+                f"with a schedule, e.g. {{ciclo.every(1): [callback]}}."
+            )
+        for name in table.own:
+            for attribute in aliases_of(name):
+                method = getattr(callback, attribute, None)
+                if method is not None:
+                    named[name].append(method)
+    return named, ordinary
