@@ -23,17 +23,19 @@ _ELAPSED_FIELDS = ("steps", "samples", "time", "date")
 class _Column:
     """One entry's values: the rows they were logged at and the values.
 
-    Scalars live in a typed `array.array` (8 bytes each); anything else in a list.
+    A commit appends the row and the raw value to `pending` (O(1)); a flush moves
+    converted values to `values`. Scalars live in a typed `array.array` (8 bytes
+    each); anything else in a list. `values[i]` belongs to `rows[i]`.
     """
 
-    __slots__ = ("rows", "values")
+    __slots__ = ("pending", "rows", "values")
 
     def __init__(self):
         self.rows = array.array("q")
         self.values: array.array | list = array.array("q")
+        self.pending: list[Any] = []
 
-    def append(self, row: int, value: Any) -> None:
-        self.rows.append(row)
+    def append(self, value: Any) -> None:
         values = self.values
         if isinstance(values, array.array):
             scalar = _scalar(value)
@@ -119,64 +121,83 @@ class History:
             (ELAPSED, name): column
             for name, column in zip(_ELAPSED_FIELDS, self._elapsed)
         }
-        self._pending: list[tuple[int, list[tuple[str, str]], list[Any]]] = []
+        self._entries: list[_Column] = []  # the columns of logged entries
+        self._fetched = 0  # rows below this one are all on the host
 
     # -- writing ------------------------------------------------------------------
     def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
         """Appends one row: the `elapsed` fields plus every entry of `logs`.
 
-        Values are not converted here; they reach the host lagged.
+        Values are not converted here; they reach the host lagged, several rows
+        per transfer.
 
         Raises:
             TypeError: if `logs` is not a dict of collections to entries.
         """
         if not isinstance(logs, Logs):
             logs = Logs(logs)
-        keys, values = [], []
-        for collection, name, value in logs.entries():
-            keys.append((collection, name))
-            values.append(value)
-        row = self._rows
+        row, columns = self._rows, self._columns
+        for collection, entries in logs.items():
+            for name, value in entries.items():
+                column = columns.get((collection, name))
+                if column is None:
+                    column = columns[(collection, name)] = _Column()
+                    self._entries.append(column)
+                column.rows.append(row)
+                column.pending.append(value)
         steps, samples, time, date = self._elapsed
         steps.values.append(int(elapsed.steps))
         samples.values.append(int(elapsed.samples))
         time.values.append(float(elapsed.time))
         date.values.append(float(elapsed.date))
-        self._rows += 1
-        self._pending.append((row, keys, values))
-        pending = len(self._pending)
-        if pending >= 4 * self.lag:
-            self._flush(self.lag)  # the device is far behind: wait for the oldest
-        elif pending % self.lag == 0:
+        self._rows = row + 1  # the row counts once all of it is stored
+        behind = self._rows - self._fetched
+        if behind >= 4 * self.lag:
+            self._flush(self._fetched + self.lag)  # the device is far behind: wait
+        elif behind % self.lag == 0:
             self._flush(self._ready())
 
     def _ready(self) -> int:
-        """How many of the oldest pending rows are computed (checked without waiting)."""
-        count = 0
-        for _, _, values in self._pending:
-            for value in values:
+        """The first row whose values are not all computed (checked without waiting)."""
+        first = self._rows
+        for column in self._entries:
+            pending = column.pending
+            if not pending:
+                continue
+            start = len(column.rows) - len(pending)
+            for i, value in enumerate(pending):
+                row = column.rows[start + i]
+                if row >= first:
+                    break
                 if isinstance(value, jax.Array) and not value.is_ready():
-                    return count
-            count += 1
-        return count
+                    first = row
+                    break
+        return first
 
-    def _column(self, key: tuple[str, str]) -> _Column:
-        column = self._columns.get(key)
-        if column is None:
-            column = self._columns[key] = _Column()
-        return column
-
-    def _flush(self, count: int | None = None) -> None:
-        if count == 0:
+    def _flush(self, upto: int | None = None) -> None:
+        """Brings the values of rows below `upto` (all by default) to the host."""
+        upto = self._rows if upto is None else upto
+        if upto <= self._fetched:
             return
-        pending = self._pending[:count] if count is not None else self._pending
-        if not pending:
+        taken = []
+        for column in self._entries:
+            pending = column.pending
+            if not pending:
+                continue
+            start = len(column.rows) - len(pending)
+            n = bisect.bisect_left(column.rows, upto, lo=start) - start
+            if n:
+                taken.append((column, pending[:n]))
+                column.pending = pending[n:]
+        self._fetched = upto
+        if not taken:
             return
-        fetched = jax.device_get([values for _, _, values in pending])
-        for (row, keys, _), values in zip(pending, fetched):
-            for key, value in zip(keys, values):
-                self._column(key).append(row, value)
-        self._pending = self._pending[len(pending) :]
+        values = _to_host([v for _, chunk in taken for v in chunk])
+        i = 0
+        for column, chunk in taken:
+            for value in values[i : i + len(chunk)]:
+                column.append(value)
+            i += len(chunk)
 
     # -- reading ------------------------------------------------------------------
     def __len__(self) -> int:
@@ -269,6 +290,40 @@ class History:
 
     def __repr__(self) -> str:
         return f"History(rows={self._rows}, keys={len(self._columns)})"
+
+
+def _to_host(values: list[Any]) -> list[Any]:
+    """`values` on the host: device scalars stacked on the device and fetched with one
+    transfer per (dtype, sharding); other device arrays in one `jax.device_get`."""
+    out = list(values)
+    scalars: dict[Any, list[int]] = {}
+    arrays: list[int] = []
+    for i, value in enumerate(values):
+        if isinstance(value, jax.Array):
+            if value.shape == () and not jax.dtypes.issubdtype(
+                value.dtype, jax.dtypes.prng_key
+            ):
+                scalars.setdefault((value.dtype, value.sharding), []).append(i)
+            else:
+                arrays.append(i)
+    for index in scalars.values():
+        if len(index) == 1:
+            arrays.append(index[0])
+            continue
+        size = 1 << (len(index) - 1).bit_length()  # few shapes, few compiles
+        padded = [values[i] for i in index] + [values[index[0]]] * (size - len(index))
+        host = jax.device_get(_stack(*padded))
+        for j, i in enumerate(index):
+            out[i] = host[j]
+    if arrays:
+        for i, value in zip(arrays, jax.device_get([values[i] for i in arrays])):
+            out[i] = value
+    return out
+
+
+@jax.jit
+def _stack(*scalars: jax.Array) -> jax.Array:
+    return jnp.stack(scalars)
 
 
 def _values(column: _Column | _ElapsedColumn) -> list[Any]:

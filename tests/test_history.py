@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import ciclo
+import ciclo._history as history_module
 
 
 def _commit_steps(history, values):
@@ -81,13 +82,13 @@ def test_getitem_and_iter_rebuild_logs():
 
 def test_device_values_are_fetched_lagged_in_batches(monkeypatch):
     calls = []
-    real = jax.device_get
+    real = history_module._to_host
 
     def counting(x):
         calls.append(len(x))
         return real(x)
 
-    monkeypatch.setattr(jax, "device_get", counting)
+    monkeypatch.setattr(history_module, "_to_host", counting)
     history = ciclo.history(lag=10)
     _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(45)])
     # every 10 commits the computed (here: all) pending rows come in one fetch
@@ -103,8 +104,10 @@ def _slow(x):
 
 def test_values_not_yet_computed_are_not_waited_for(monkeypatch):
     calls = []
-    real = jax.device_get
-    monkeypatch.setattr(jax, "device_get", lambda x: calls.append(len(x)) or real(x))
+    real = history_module._to_host
+    monkeypatch.setattr(
+        history_module, "_to_host", lambda x: calls.append(len(x)) or real(x)
+    )
     _slow(jnp.ones((256, 256))).block_until_ready()  # compile
     history = ciclo.history(lag=5)
     slow = _slow(jnp.ones((256, 256)))  # ~100 ms of device work, dispatched async

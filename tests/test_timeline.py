@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import textwrap
+import threading
 
 import numpy as np
 import pytest
