@@ -80,7 +80,9 @@ def test_elapsed_date_advances_and_time_is_date_minus_start():
     )
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: Elapsed - Elapsed is not supported (TypeError)")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: Elapsed - Elapsed is not supported (TypeError)"
+)
 def test_elapsed_minus_elapsed_gives_the_difference():
     a = ciclo.Elapsed.create(steps=10, samples=100)
     b = ciclo.Elapsed.create(steps=3, samples=30)
@@ -199,7 +201,9 @@ _LARGEST_GAP = pytest.mark.xfail(
 @pytest.mark.parametrize(
     "batch",
     [
-        pytest.param({"x": np.zeros((3, 2)), "y": np.zeros((4, 1))}, marks=_LARGEST_GAP),
+        pytest.param(
+            {"x": np.zeros((3, 2)), "y": np.zeros((4, 1))}, marks=_LARGEST_GAP
+        ),
         {"a": np.zeros((4, 1)), "b": np.zeros((3, 2))},
         pytest.param((np.zeros((3, 2)), np.zeros((4, 1))), marks=_LARGEST_GAP),
     ],

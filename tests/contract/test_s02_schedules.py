@@ -69,7 +69,9 @@ def test_after_every():
 def test_piecewise():
     s = ciclo.piecewise(ciclo.never(), {ciclo.at(4): ciclo.every(2)})
     assert _fires(s, 10) == [4, 6, 8]
-    s = ciclo.piecewise(ciclo.always(), {ciclo.at(3): ciclo.never(), ciclo.at(6): ciclo.always()})
+    s = ciclo.piecewise(
+        ciclo.always(), {ciclo.at(3): ciclo.never(), ciclo.at(6): ciclo.always()}
+    )
     assert _fires(s, 9) == [0, 1, 2, 6, 7, 8]
 
 
@@ -91,7 +93,11 @@ def test_schedule_object_does_not_share_state_between_loops():
 
     def run():
         fired = []
-        ciclo.loop(None, data, {sched: [lambda state, batch, elapsed: fired.append(elapsed.steps)]})
+        ciclo.loop(
+            None,
+            data,
+            {sched: [lambda state, batch, elapsed: fired.append(elapsed.steps)]},
+        )
         return fired
 
     first = run()

@@ -171,12 +171,14 @@ def test_loop_element_spreads_into_task_dict():
     bar = ciclo.keras_bar(total=3)
     spread = {**bar}
     assert len(spread) == 1
-    (sched, callbacks), = spread.items()
+    ((sched, callbacks),) = spread.items()
     assert all(sched(ciclo.Elapsed.create(steps=i)) for i in range(5))
     callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
     assert callbacks == [bar]
 
-    state, _, elapsed = ciclo.loop(0, range(3), {EVERY: [_inc], **ciclo.keras_bar(total=3)})
+    state, _, elapsed = ciclo.loop(
+        0, range(3), {EVERY: [_inc], **ciclo.keras_bar(total=3)}
+    )
     assert state == 3 and elapsed.steps == 3
 
 
@@ -213,9 +215,7 @@ def test_loop_state_fields():
         )
 
     data = [float(i) for i in range(3)]
-    ciclo.loop(
-        "S", data, {EVERY: [logger, other, inspect]}, metadata={"k": 1}
-    )
+    ciclo.loop("S", data, {EVERY: [logger, other, inspect]}, metadata={"k": 1})
     assert [s["state"] for s in seen] == ["S"] * 3
     assert [s["batch"] for s in seen] == [0.0, 1.0, 2.0]
     assert [s["steps"] for s in seen] == [0, 1, 2]
@@ -231,7 +231,9 @@ def test_loop_state_logs_start_empty_each_step():
     sizes = []
 
     def first(state, batch, elapsed, loop_state):
-        sizes.append(sum(len(v) for v in loop_state.logs.values() if hasattr(v, "__len__")))
+        sizes.append(
+            sum(len(v) for v in loop_state.logs.values() if hasattr(v, "__len__"))
+        )
         return _metrics(m=batch)
 
     ciclo.loop(None, range(3), {EVERY: [first]})
@@ -251,13 +253,17 @@ def test_loop_state_accumulated_logs_keeps_latest_value_per_entry():
 
     def look(state, batch, elapsed, loop_state):
         acc = loop_state.accumulated_logs
-        seen.append((acc.entry_value("a"), acc.entry_value("b") if batch >= 1 else None))
+        seen.append(
+            (acc.entry_value("a"), acc.entry_value("b") if batch >= 1 else None)
+        )
 
     ciclo.loop(None, range(4), {EVERY: [log, look]})
     assert seen == [(10, None), (10, 20), (30, 20), (30, 20)]
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: loop_state.elapsed_after does not exist")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: loop_state.elapsed_after does not exist"
+)
 def test_loop_state_elapsed_after_counts_this_batch():
     seen = []
 
@@ -289,7 +295,9 @@ def test_stop_iteration_ends_loop_after_the_current_callback(recorder):
     assert [v for t, v in recorder.events if t == "after"] == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: loop_state.stop_after_batch() does not exist")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: loop_state.stop_after_batch() does not exist"
+)
 def test_stop_after_batch_ends_loop_at_the_end_of_the_current_batch(recorder):
     def stopper(state, batch, elapsed, loop_state):
         recorder("stopper", batch)
@@ -355,7 +363,9 @@ def test_exhausted_dataset_ends_the_loop():
 def test_initial_elapsed_continues():
     init = ciclo.Elapsed.create(steps=10, samples=10)
     steps = []
-    ciclo.loop(None, range(3), {EVERY: [lambda s, b, e: steps.append(e.steps)]}, elapsed=init)
+    ciclo.loop(
+        None, range(3), {EVERY: [lambda s, b, e: steps.append(e.steps)]}, elapsed=init
+    )
     assert steps == [10, 11, 12]
 
 

@@ -26,16 +26,16 @@ def test_logs_is_a_dict_of_collections():
 @pytest.mark.parametrize(
     "call, collection, entries",
     [
-        (lambda l: l.add_entry("custom", "x", 1), "custom", {"x": 1}),
-        (lambda l: l.add_entries("custom", a=1, b=2), "custom", {"a": 1, "b": 2}),
-        (lambda l: l.add_metric("acc", 0.5), "metrics", {"acc": 0.5}),
-        (lambda l: l.add_metrics(acc=0.5, f1=0.1), "metrics", {"acc": 0.5, "f1": 0.1}),
-        (lambda l: l.add_loss("loss", 0.3), "losses", {"loss": 0.3}),
-        (lambda l: l.add_losses(l1=0.3, l2=0.4), "losses", {"l1": 0.3, "l2": 0.4}),
-        (lambda l: l.add_stateful_metric("m", 2.0), "stateful_metrics", {"m": 2.0}),
-        (lambda l: l.add_stateful_metrics(m=2.0, n=3.0), "stateful_metrics", {"m": 2.0, "n": 3.0}),
-        (lambda l: l.add_output("preds", 7), "outputs", {"preds": 7}),
-        (lambda l: l.add_outputs(preds=7, feats=8), "outputs", {"preds": 7, "feats": 8}),
+        (lambda lg: lg.add_entry("custom", "x", 1), "custom", {"x": 1}),
+        (lambda lg: lg.add_entries("custom", a=1, b=2), "custom", {"a": 1, "b": 2}),
+        (lambda lg: lg.add_metric("acc", 0.5), "metrics", {"acc": 0.5}),
+        (lambda lg: lg.add_metrics(acc=0.5, f1=0.1), "metrics", {"acc": 0.5, "f1": 0.1}),
+        (lambda lg: lg.add_loss("loss", 0.3), "losses", {"loss": 0.3}),
+        (lambda lg: lg.add_losses(l1=0.3, l2=0.4), "losses", {"l1": 0.3, "l2": 0.4}),
+        (lambda lg: lg.add_stateful_metric("m", 2.0), "stateful_metrics", {"m": 2.0}),
+        (lambda lg: lg.add_stateful_metrics(m=2.0, n=3.0), "stateful_metrics", {"m": 2.0, "n": 3.0}),
+        (lambda lg: lg.add_output("preds", 7), "outputs", {"preds": 7}),
+        (lambda lg: lg.add_outputs(preds=7, feats=8), "outputs", {"preds": 7, "feats": 8}),
     ],
     ids=[
         "add_entry", "add_entries", "add_metric", "add_metrics", "add_loss",
@@ -49,20 +49,22 @@ def test_add_methods_fill_the_right_collection(call, collection, entries):
     assert dict(logs[collection]) == entries
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: Logs.add_* return None instead of the Logs")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: Logs.add_* return None instead of the Logs"
+)
 @pytest.mark.parametrize(
     "call",
     [
-        lambda l: l.add_entry("custom", "x", 1),
-        lambda l: l.add_entries("custom", a=1),
-        lambda l: l.add_metric("acc", 0.5),
-        lambda l: l.add_metrics(acc=0.5),
-        lambda l: l.add_loss("loss", 0.3),
-        lambda l: l.add_losses(l1=0.3),
-        lambda l: l.add_stateful_metric("m", 2.0),
-        lambda l: l.add_stateful_metrics(m=2.0),
-        lambda l: l.add_output("preds", 7),
-        lambda l: l.add_outputs(preds=7),
+        lambda lg: lg.add_entry("custom", "x", 1),
+        lambda lg: lg.add_entries("custom", a=1),
+        lambda lg: lg.add_metric("acc", 0.5),
+        lambda lg: lg.add_metrics(acc=0.5),
+        lambda lg: lg.add_loss("loss", 0.3),
+        lambda lg: lg.add_losses(l1=0.3),
+        lambda lg: lg.add_stateful_metric("m", 2.0),
+        lambda lg: lg.add_stateful_metrics(m=2.0),
+        lambda lg: lg.add_output("preds", 7),
+        lambda lg: lg.add_outputs(preds=7),
     ],
     ids=[
         "add_entry", "add_entries", "add_metric", "add_metrics", "add_loss",
@@ -75,7 +77,9 @@ def test_each_add_method_returns_the_logs(call):
     assert call(logs) is logs
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: Logs.add_* return None, so calls do not chain")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: Logs.add_* return None, so calls do not chain"
+)
 def test_add_calls_chain():
     state = object()
 
@@ -168,7 +172,11 @@ def test_history_commit_by_hand_and_collect_aligned():
     history = ciclo.history()
     assert isinstance(history, ciclo.History)
     assert len(history) == 0
-    rows = [dict(loss=3.0, accuracy_test=0.1), dict(loss=2.0), dict(loss=1.0, accuracy_test=0.3)]
+    rows = [
+        dict(loss=3.0, accuracy_test=0.1),
+        dict(loss=2.0),
+        dict(loss=1.0, accuracy_test=0.3),
+    ]
     for (elapsed, _), row in zip(ciclo.elapse(range(3)), rows):
         history.commit(elapsed, _row(**row))
     assert len(history) == 3
@@ -180,7 +188,9 @@ def test_history_commit_by_hand_and_collect_aligned():
     assert list(history.collect("loss")) == [3.0, 2.0, 1.0]
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: collect() of a never-logged key raises KeyError")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: collect() of a never-logged key raises KeyError"
+)
 def test_history_collect_key_never_logged_gives_empty_lists():
     history = ciclo.history()
     for elapsed, _ in ciclo.elapse(range(3)):
@@ -200,7 +210,9 @@ def test_history_values_come_back_on_the_host():
     assert all(not isinstance(v, jax.Array) for v in loss)
     assert all(isinstance(v, (int, float, np.generic, np.ndarray)) for v in loss)
     assert [float(v) for v in loss] == [0.0, 1.0, 2.0]
-    assert all(isinstance(p, np.ndarray) and not isinstance(p, jax.Array) for p in preds)
+    assert all(
+        isinstance(p, np.ndarray) and not isinstance(p, jax.Array) for p in preds
+    )
     np.testing.assert_array_equal(preds[2], np.arange(3.0) + 2)
 
 

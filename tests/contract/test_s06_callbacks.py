@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +52,13 @@ def test_keras_bar_in_loop_shows_losses_and_metrics(capsys):
 def test_keras_bar_self_registers_on_train_batch_end(capsys):
     bar = ciclo.keras_bar(total=ciclo.at(steps=4))
     assert hasattr(bar, "on_train_batch_end")
-    ciclo.train_loop(_arr_state(), range(4), {ciclo.on_train_step: [_loss_step]}, callbacks=[bar], stop=4)
+    ciclo.train_loop(
+        _arr_state(),
+        range(4),
+        {ciclo.on_train_step: [_loss_step]},
+        callbacks=[bar],
+        stop=4,
+    )
     out = capsys.readouterr().out
     assert "4/4" in out and "loss" in out
 
@@ -124,7 +129,9 @@ def test_checkpoint_by_hand_then_ciclo_restore_in_same_process_sees_it(tmp_path)
     "mode, values, best_index",
     [("min", [3.0, 1.0, 2.0, 5.0], 1), ("max", [3.0, 7.0, 2.0, 5.0], 1)],
 )
-def test_checkpoint_monitor_latest_vs_best_and_newest_kept(tmp_path, mode, values, best_index):
+def test_checkpoint_monitor_latest_vs_best_and_newest_kept(
+    tmp_path, mode, values, best_index
+):
     d = str(tmp_path / "ckpt")
     ckpt = ciclo.checkpoint(d, monitor="loss", mode=mode, keep=1)
     for (elapsed, i), v in zip(ciclo.elapse(range(4)), values):
@@ -168,7 +175,12 @@ def test_checkpoint_in_train_loop_then_resume_neither_repeats_nor_skips(tmp_path
 
     d = str(tmp_path / "ckpt")
     ciclo.train_loop(
-        _target(), data_from(0), tasks, callbacks=[ciclo.checkpoint(d)], epoch_duration=5, stop=5
+        _target(),
+        data_from(0),
+        tasks,
+        callbacks=[ciclo.checkpoint(d)],
+        epoch_duration=5,
+        stop=5,
     )
     state, elapsed = ciclo.restore(d, _target())
     assert elapsed.steps == 5
@@ -176,7 +188,9 @@ def test_checkpoint_in_train_loop_then_resume_neither_repeats_nor_skips(tmp_path
         state, data_from(elapsed.steps), tasks, elapsed=elapsed, stop=8
     )
     assert end.steps == 8
-    np.testing.assert_allclose(np.asarray(resumed["w"]), np.asarray(full["w"]), rtol=0, atol=0)
+    np.testing.assert_allclose(
+        np.asarray(resumed["w"]), np.asarray(full["w"]), rtol=0, atol=0
+    )
 
 
 def test_checkpoint_self_registers_on_epoch_end(tmp_path):
@@ -203,7 +217,9 @@ def _run_es(es, values, n_steps=None):
     """Calls ``es`` by hand; returns the index of the first call that says stop."""
     state = {"w": jnp.asarray(-1.0)}
     for (elapsed, i), v in zip(ciclo.elapse(range(len(values))), values):
-        stop, state = es(elapsed, {"w": jnp.asarray(float(i))}, _logs(losses={"loss": v}))
+        stop, state = es(
+            elapsed, {"w": jnp.asarray(float(i))}, _logs(losses={"loss": v})
+        )
         if stop:
             return i, state
     return None, state
@@ -214,7 +230,9 @@ def test_early_stopping_patience_by_hand():
     first, _ = _run_es(ciclo.early_stopping("loss", patience=3), [1.0] * 10)
     assert first is not None and 3 <= first <= 4
     # always improving: never stops
-    first, _ = _run_es(ciclo.early_stopping("loss", patience=3), [10.0 - i for i in range(10)])
+    first, _ = _run_es(
+        ciclo.early_stopping("loss", patience=3), [10.0 - i for i in range(10)]
+    )
     assert first is None
 
 
@@ -227,14 +245,22 @@ def test_early_stopping_patience_as_period_equals_int():
 def test_early_stopping_min_delta_mode_and_baseline():
     slowly = [1.0 - 0.001 * i for i in range(10)]
     assert _run_es(ciclo.early_stopping("loss", patience=2), slowly)[0] is None
-    assert _run_es(ciclo.early_stopping("loss", patience=2, min_delta=0.01), slowly)[0] is not None
+    assert (
+        _run_es(ciclo.early_stopping("loss", patience=2, min_delta=0.01), slowly)[0]
+        is not None
+    )
 
     rising = [float(i) for i in range(10)]
-    assert _run_es(ciclo.early_stopping("loss", patience=2, mode="max"), rising)[0] is None
+    assert (
+        _run_es(ciclo.early_stopping("loss", patience=2, mode="max"), rising)[0] is None
+    )
     assert _run_es(ciclo.early_stopping("loss", patience=2), rising)[0] is not None
 
     falling = [10.0 - i for i in range(10)]  # improving, but never beats baseline 0.5
-    assert _run_es(ciclo.early_stopping("loss", patience=3, baseline=0.5), falling)[0] is not None
+    assert (
+        _run_es(ciclo.early_stopping("loss", patience=3, baseline=0.5), falling)[0]
+        is not None
+    )
 
 
 def test_early_stopping_restore_best_weights():
@@ -266,7 +292,12 @@ def test_early_stopping_in_train_loop_on_epoch_end():
     es = ciclo.early_stopping("loss", patience=4)
     assert hasattr(es, "on_epoch_end")
     state, _, _ = ciclo.train_loop(
-        0, range(100), {ciclo.on_train_step: [step]}, callbacks=[es], epoch_duration=2, stop=100
+        0,
+        range(100),
+        {ciclo.on_train_step: [step]},
+        callbacks=[es],
+        epoch_duration=2,
+        stop=100,
     )
     assert 4 <= state <= 8
 
@@ -307,7 +338,10 @@ _VALUES = [1.0, 2.0, 3.0, 4.0]
         pytest.param(
             "std",
             float(np.std(_VALUES)),
-            marks=pytest.mark.xfail(strict=True, reason="contract gap: inner_loop aggregation 'std' unsupported"),
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="contract gap: inner_loop aggregation 'std' unsupported",
+            ),
         ),
         (lambda values: float(sum(np.asarray(v) for v in values)) * 2, 20.0),
     ],
@@ -322,41 +356,48 @@ def test_inner_loop_aggregations(aggregation, expected):
 
 def test_inner_loop_default_is_last_and_suffixes_entries():
     _, history = _run_inner()
-    m, l = history.collect("m_valid", "l_valid")
-    assert float(m[0]) == 4.0 and float(l[0]) == 40.0
+    m, ls = history.collect("m_valid", "l_valid")
+    assert float(m[0]) == 4.0 and float(ls[0]) == 40.0
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: inner_loop aggregation 'concat' unsupported")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: inner_loop aggregation 'concat' unsupported"
+)
 def test_inner_loop_concat_and_dict_per_collection():
-    _, history = _run_inner(aggregation={"outputs": "concat", "metrics": "mean", "losses": "max"})
-    o, m, l = history.collect("o_valid", "m_valid", "l_valid")
+    _, history = _run_inner(
+        aggregation={"outputs": "concat", "metrics": "mean", "losses": "max"}
+    )
+    o, m, ls = history.collect("o_valid", "m_valid", "l_valid")
     np.testing.assert_allclose(np.asarray(o[0]), [1, 1, 2, 2, 3, 3, 4, 4])
     assert float(m[0]) == 2.5
-    assert float(l[0]) == 40.0
+    assert float(ls[0]) == 40.0
 
 
 def test_inner_loop_dict_per_collection():
     _, history = _run_inner(aggregation={"metrics": "sum", "losses": "min"})
-    m, l = history.collect("m_valid", "l_valid")
+    m, ls = history.collect("m_valid", "l_valid")
     assert float(m[0]) == 10.0
-    assert float(l[0]) == 10.0
+    assert float(ls[0]) == 10.0
 
 
 @pytest.mark.xfail(
-    strict=True, reason="contract gap: inner_loop aggregation dict keyed by entry is ignored"
+    strict=True,
+    reason="contract gap: inner_loop aggregation dict keyed by entry is ignored",
 )
-@pytest.mark.parametrize("m_key, l_key", [("m", "l"), ("metrics.m", "losses.l")], ids=["bare", "qualified"])
+@pytest.mark.parametrize(
+    "m_key, l_key", [("m", "l"), ("metrics.m", "losses.l")], ids=["bare", "qualified"]
+)
 def test_inner_loop_dict_per_entry(m_key, l_key):
     _, history = _run_inner(aggregation={m_key: "sum", l_key: "min"})
-    m, l = history.collect("m_valid", "l_valid")
+    m, ls = history.collect("m_valid", "l_valid")
     assert float(m[0]) == 10.0
-    assert float(l[0]) == 10.0
+    assert float(ls[0]) == 10.0
 
 
 def test_inner_loop_single_string_aggregation():
     _, history = _run_inner(aggregation="mean")
-    m, l = history.collect("m_valid", "l_valid")
-    assert float(m[0]) == 2.5 and float(l[0]) == 25.0
+    m, ls = history.collect("m_valid", "l_valid")
+    assert float(m[0]) == 2.5 and float(ls[0]) == 25.0
 
 
 def test_inner_loop_output_state():
@@ -377,7 +418,9 @@ def test_noop_changes_nothing():
 
 def _observed_run(*callbacks, n=4):
     def step(state, batch):
-        return _logs(losses={"loss": 1.0 / (batch + 1)}, metrics={"acc": batch / 10.0}), state
+        return _logs(
+            losses={"loss": 1.0 / (batch + 1)}, metrics={"acc": batch / 10.0}
+        ), state
 
     return ciclo.loop(0, range(n), {EVERY: [step, *callbacks]})
 
@@ -435,7 +478,7 @@ def test_lr_monitor_logs_the_learning_rate():
     seen = []
 
     def look(state, batch, elapsed, loop_state):
-        for coll, entries in loop_state.logs.items():
+        for entries in loop_state.logs.values():
             for k, v in entries.items():
                 if "lr" in k or "learning_rate" in k:
                     seen.append(float(v))
@@ -507,8 +550,18 @@ def test_history_plot():
         plt.close("all")
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: observability names are not exported")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: observability names are not exported"
+)
 def test_observability_names_exist():
-    names = ("tensorboard", "csv_logger", "jsonl_logger", "wandb_logger", "lr_monitor", "nan_guard", "profiler")
+    names = (
+        "tensorboard",
+        "csv_logger",
+        "jsonl_logger",
+        "wandb_logger",
+        "lr_monitor",
+        "nan_guard",
+        "profiler",
+    )
     missing = [n for n in names if not callable(getattr(ciclo, n, None))]
     assert missing == []

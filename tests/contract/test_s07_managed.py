@@ -53,6 +53,7 @@ def _reference_sgd(batches, n, extra_l2=False):
     """Hand-written SGD (independent of ciclo) on the same loss."""
     params = jnp.zeros(3)
     for batch in batches[:n]:
+
         def loss(p, batch=batch):
             out = _mse(p, batch)
             return out + (0.5 * jnp.sum(p**2) if extra_l2 else 0.0)
@@ -69,16 +70,22 @@ def test_managed_state_is_a_flax_train_state_and_moves_strategy():
     np.testing.assert_array_equal(np.asarray(moved.params), np.zeros(3))
 
 
-def test_train_step_differentiates_sum_of_losses_and_applies_gradients(regression_batches):
+def test_train_step_differentiates_sum_of_losses_and_applies_gradients(
+    regression_batches,
+):
     state = _state()
     for batch in regression_batches[:3]:
         logs, state = train_step(state, batch)
     assert int(state.step) == 3
     np.testing.assert_allclose(
-        np.asarray(state.params), _reference_sgd(regression_batches, 3), rtol=1e-5, atol=1e-6
+        np.asarray(state.params),
+        _reference_sgd(regression_batches, 3),
+        rtol=1e-5,
+        atol=1e-6,
     )
     assert float(logs.losses.mse) == pytest.approx(
-        float(_mse(_reference_sgd(regression_batches, 2), regression_batches[2])), rel=1e-5
+        float(_mse(_reference_sgd(regression_batches, 2), regression_batches[2])),
+        rel=1e-5,
     )
 
     state = _state()
@@ -99,10 +106,15 @@ def test_step_runs_without_gradients_and_receives_elapsed(regression_batches):
     np.testing.assert_array_equal(np.asarray(new_state.params), np.zeros(3))
     assert int(new_state.step) == 0
     assert int(logs.metrics.steps) == 7
-    assert float(logs.metrics.mse) == pytest.approx(float(_mse(jnp.zeros(3), regression_batches[0])), rel=1e-5)
+    assert float(logs.metrics.mse) == pytest.approx(
+        float(_mse(jnp.zeros(3), regression_batches[0])), rel=1e-5
+    )
 
 
-@pytest.mark.parametrize("strategy", ["eager", "jit", "jit_donate", "data_parallel", "data_parallel_donate", "sharded"])
+@pytest.mark.parametrize(
+    "strategy",
+    ["eager", "jit", "jit_donate", "data_parallel", "data_parallel_donate", "sharded"],
+)
 def test_every_strategy_gives_the_same_parameters(strategy, regression_batches):
     state = _state(strategy)
     for batch in regression_batches[:3]:
@@ -119,7 +131,10 @@ def test_managed_steps_work_as_loop_callbacks_and_state_methods(regression_batch
         _state(), regression_batches[:3], {ciclo.every(1): [train_step, eval_step]}
     )
     np.testing.assert_allclose(
-        np.asarray(state.params), _reference_sgd(regression_batches, 3), rtol=1e-5, atol=1e-6
+        np.asarray(state.params),
+        _reference_sgd(regression_batches, 3),
+        rtol=1e-5,
+        atol=1e-6,
     )
     assert [int(s) for s in history.collect("metrics.steps")] == [0, 1, 2]
 
@@ -134,7 +149,10 @@ def test_managed_steps_work_as_loop_callbacks_and_state_methods(regression_batch
     for batch in regression_batches[:2]:
         logs, s = s.train_step(batch)
     np.testing.assert_allclose(
-        np.asarray(s.params), _reference_sgd(regression_batches, 2), rtol=1e-5, atol=1e-6
+        np.asarray(s.params),
+        _reference_sgd(regression_batches, 2),
+        rtol=1e-5,
+        atol=1e-6,
     )
 
 
@@ -147,7 +165,10 @@ def test_register_and_get_strategy(regression_batches):
     for batch in regression_batches[:2]:
         _, state = train_step(state, batch)
     np.testing.assert_allclose(
-        np.asarray(state.params), _reference_sgd(regression_batches, 2), rtol=1e-5, atol=1e-6
+        np.asarray(state.params),
+        _reference_sgd(regression_batches, 2),
+        rtol=1e-5,
+        atol=1e-6,
     )
     with pytest.raises((KeyError, ValueError)):
         ciclo.get_strategy("no_such_strategy_q")

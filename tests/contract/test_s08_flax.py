@@ -50,9 +50,14 @@ def _linen_state(**kwargs):
     kwargs.setdefault("losses", {"loss": CE})
     kwargs.setdefault(
         "metrics",
-        {"accuracy": clu_metrics.Accuracy, "avg": clu_metrics.Average.from_output("loss")},
+        {
+            "accuracy": clu_metrics.Accuracy,
+            "avg": clu_metrics.Average.from_output("loss"),
+        },
     )
-    return ciclo.create_flax_state(_mlp(), inputs=TRAIN[0][0][:1], tx=optax.adam(1e-2), **kwargs)
+    return ciclo.create_flax_state(
+        _mlp(), inputs=TRAIN[0][0][:1], tx=optax.adam(1e-2), **kwargs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +116,14 @@ def test_reset_step_resets_clu_stateful_metrics(linen_state):
     assert float(l2["stateful_metrics"]["avg"]) == pytest.approx(expected, rel=1e-5)
     state = _reset(state)
     l3, state = state.train_step(TRAIN[2])
-    assert float(l3["stateful_metrics"]["avg"]) == pytest.approx(float(l3.losses.loss), rel=1e-5)
+    assert float(l3["stateful_metrics"]["avg"]) == pytest.approx(
+        float(l3.losses.loss), rel=1e-5
+    )
 
 
 @pytest.mark.xfail(
-    strict=True, reason="contract gap: create_flax_state does not add avg_<loss> stateful metrics"
+    strict=True,
+    reason="contract gap: create_flax_state does not add avg_<loss> stateful metrics",
 )
 def test_avg_loss_entries_are_logged_for_each_loss(linen_state):
     state = linen_state  # losses={"loss": ...}; no avg_loss metric given by the user
@@ -124,7 +132,9 @@ def test_avg_loss_entries_are_logged_for_each_loss(linen_state):
     expected = (float(l1.losses.loss) + float(l2.losses.loss)) / 2
     assert float(l2.entry_value("avg_loss")) == pytest.approx(expected, rel=1e-5)
     state = _reset(state)
-    _, history, _ = ciclo.train_loop(state, TRAIN, test_dataset=lambda: TEST, epoch_duration=2, stop=4)
+    _, history, _ = ciclo.train_loop(
+        state, TRAIN, test_dataset=lambda: TEST, epoch_duration=2, stop=4
+    )
     assert len(history.collect("avg_loss")) == 4
     assert len(history.collect("avg_loss_test")) == 2
 
@@ -148,7 +158,9 @@ def test_callables_receive_keyword_arguments_by_name_and_batch_forms():
     w[:3] = 1.0
     logs, _ = state.train_step((x, y, w))  # (inputs, labels, sample_weight)
     assert float(logs.losses.wd) == pytest.approx(expected_wd, rel=1e-5)
-    assert float(logs.metrics.twice_ce) == pytest.approx(2 * float(logs.losses.ce), rel=1e-5)
+    assert float(logs.metrics.twice_ce) == pytest.approx(
+        2 * float(logs.losses.ce), rel=1e-5
+    )
     assert 0.0 <= float(logs.metrics.acc) <= 1.0
     assert float(logs.metrics.n_inputs) == BS
     assert float(logs.metrics.w_sum) == 3.0
@@ -184,7 +196,9 @@ def test_batchnorm_dropout_and_sown_losses():
     logs1, s1 = state.train_step(TRAIN[0])
     assert "aux" in logs1["losses"]
     bs1 = [np.asarray(v) for v in jax.tree_util.tree_leaves(s1.batch_stats)]
-    assert any(not np.allclose(a, b) for a, b in zip(bs0, bs1)), "train step updates batch stats"
+    assert any(not np.allclose(a, b) for a, b in zip(bs0, bs1)), (
+        "train step updates batch stats"
+    )
 
     # evaluation: deterministic and does not update the running averages
     e1, s2 = s1.test_step(TEST[0])

@@ -64,7 +64,9 @@ def test_loop_with_bars_and_history_does_not_sync_per_step():
 
 
 def test_train_loop_with_managed_steps_and_test_loop_does_not_sync_per_step():
-    state = managed.ManagedState.create(params=jnp.zeros(3), tx=optax.sgd(0.05), strategy="jit")
+    state = managed.ManagedState.create(
+        params=jnp.zeros(3), tx=optax.sgd(0.05), strategy="jit"
+    )
     with jax.transfer_guard_device_to_host("disallow"):
         state, history, elapsed = ciclo.train_loop(
             state,
@@ -85,12 +87,18 @@ def test_train_loop_with_managed_steps_and_test_loop_does_not_sync_per_step():
 )
 def test_fused_mode_counts_real_steps_and_matches_unfused():
     def run(**kwargs):
-        state = managed.ManagedState.create(params=jnp.zeros(3), tx=optax.sgd(0.05), strategy="jit")
-        return ciclo.train_loop(state, BATCHES, {ciclo.on_train_step: [managed_step]}, stop=12, **kwargs)
+        state = managed.ManagedState.create(
+            params=jnp.zeros(3), tx=optax.sgd(0.05), strategy="jit"
+        )
+        return ciclo.train_loop(
+            state, BATCHES, {ciclo.on_train_step: [managed_step]}, stop=12, **kwargs
+        )
 
     ref_state, _, ref_elapsed = run()
     state, history, elapsed = run(steps_per_execution=4)
     assert elapsed.steps == ref_elapsed.steps == 12
     assert elapsed.samples == ref_elapsed.samples == 12 * 4
     assert int(state.step) == 12
-    np.testing.assert_allclose(np.asarray(state.params), np.asarray(ref_state.params), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(state.params), np.asarray(ref_state.params), rtol=1e-5, atol=1e-6
+    )

@@ -89,7 +89,7 @@ def _env(n_devices):
 
 
 def _result(stdout):
-    line = next(l for l in stdout.splitlines() if l.startswith("RESULT"))
+    line = next(x for x in stdout.splitlines() if x.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
 
 
@@ -110,7 +110,9 @@ def four_devices():
 def test_sharded_and_data_parallel_give_the_jit_parameters_on_4_devices(four_devices):
     ref = np.asarray(four_devices["jit"]["params"])
     for strategy in ("sharded", "data_parallel"):
-        np.testing.assert_allclose(four_devices[strategy]["params"], ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            four_devices[strategy]["params"], ref, rtol=1e-5, atol=1e-6
+        )
 
 
 def test_logs_come_back_averaged_and_outputs_concatenated(four_devices):

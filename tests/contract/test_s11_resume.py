@@ -63,7 +63,11 @@ def test_restore_and_continue_equals_uninterrupted_bit_for_bit(tmp_path, uninter
     ref_state, ref_history, _ = uninterrupted
     d = str(tmp_path / "ckpt")
     ciclo.train_loop(
-        _fresh_state(), BATCHES, callbacks=[ciclo.checkpoint(d)], epoch_duration=5, stop=5
+        _fresh_state(),
+        BATCHES,
+        callbacks=[ciclo.checkpoint(d)],
+        epoch_duration=5,
+        stop=5,
     )
     state, elapsed = ciclo.restore(d, _fresh_state())
     assert elapsed.steps == 5
@@ -119,7 +123,9 @@ def test_one_line_resume_of_a_killed_run_equals_uninterrupted(tmp_path, uninterr
     steps, loss = history.collect("steps", "loss")
     ref_steps, ref_loss = ref_history.collect("steps", "loss")
     assert list(steps) == list(ref_steps)
-    np.testing.assert_array_equal(np.asarray(loss, np.float32), np.asarray(ref_loss, np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(loss, np.float32), np.asarray(ref_loss, np.float32)
+    )
 
 
 @pytest.mark.xfail(strict=True, reason=_ONE_LINE)
@@ -127,7 +133,11 @@ def test_one_line_resume_with_no_checkpoint_starts_fresh(tmp_path, uninterrupted
     ref_state, _, _ = uninterrupted
     d = str(tmp_path / "empty")
     state, _, elapsed = ciclo.train_loop(
-        _fresh_state(), BATCHES, callbacks=[ciclo.checkpoint(d)], stop=N_BATCHES, resume=d
+        _fresh_state(),
+        BATCHES,
+        callbacks=[ciclo.checkpoint(d)],
+        stop=N_BATCHES,
+        resume=d,
     )
     assert elapsed.steps == N_BATCHES
     for a, b in zip(_leaves(state), _leaves(ref_state)):

@@ -19,7 +19,9 @@ BATCH = (_X, _Y)
 
 
 def _state(cls=managed.ManagedState, strategy="jit", **fields):
-    return cls.create(params=jnp.zeros(3), tx=optax.sgd(0.1), strategy=strategy, **fields)
+    return cls.create(
+        params=jnp.zeros(3), tx=optax.sgd(0.1), strategy=strategy, **fields
+    )
 
 
 def _mse(params):
@@ -29,7 +31,9 @@ def _mse(params):
 # ------------------------------------------------------------------- Logs chaining
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: Logs.add_* return None, so 0.1 chaining breaks")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: Logs.add_* return None, so 0.1 chaining breaks"
+)
 def test_logs_add_chaining_as_in_0_1():
     logs = ciclo.logs().add_loss("loss", 1.0).add_metric("acc", 0.5).add_output("o", 3)
     assert logs["losses"]["loss"] == 1.0
@@ -60,12 +64,17 @@ def test_inject_passes_the_first_n_arguments():
     assert ciclo.inject(C().m, "x", "y") == "x"
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: ciclo.callbacks.inner_loop is a module, not callable")
+@pytest.mark.xfail(
+    strict=True,
+    reason="contract gap: ciclo.callbacks.inner_loop is a module, not callable",
+)
 def test_callbacks_inner_loop():
     def inner(state):
         return ciclo.loop(state, range(3), {ciclo.every(1): [lambda s, b: _m(v=b)]})
 
-    _, history, _ = ciclo.loop(0, range(1), {ciclo.every(1): [ciclo.callbacks.inner_loop("valid", inner)]})
+    _, history, _ = ciclo.loop(
+        0, range(1), {ciclo.every(1): [ciclo.callbacks.inner_loop("valid", inner)]}
+    )
     assert history.collect("v_valid") == [2]
 
 
@@ -79,7 +88,9 @@ def _m(**values):
 # ------------------------------------------------------------------- managed steps
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: a managed step returning only Logs is rejected")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: a managed step returning only Logs is rejected"
+)
 def test_managed_train_step_returning_logs_only():
     @managed.train_step
     def step(state, batch):
@@ -89,11 +100,16 @@ def test_managed_train_step_returning_logs_only():
 
     logs, state = step(_state(), BATCH)
     expected = -0.1 * jax.grad(_mse)(jnp.zeros(3))
-    np.testing.assert_allclose(np.asarray(state.params), np.asarray(expected), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(state.params), np.asarray(expected), rtol=1e-5
+    )
     assert float(logs.losses.mse) == pytest.approx(4.0)
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: managed steps always pass (state, batch), ignoring arity")
+@pytest.mark.xfail(
+    strict=True,
+    reason="contract gap: managed steps always pass (state, batch), ignoring arity",
+)
 def test_managed_step_of_arity_one_returning_a_state():
     @managed.step
     def only_state(state):
@@ -103,7 +119,9 @@ def test_managed_step_of_arity_one_returning_a_state():
     assert int(s1.step) == 5
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: a managed step returning None is rejected")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: a managed step returning None is rejected"
+)
 def test_managed_step_with_elapsed_returning_none():
     @managed.step
     def returns_none(state, batch, elapsed):
@@ -114,7 +132,10 @@ def test_managed_step_with_elapsed_returning_none():
     assert int(s1.step) == 3
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: (logs, None) from a managed step returns state None")
+@pytest.mark.xfail(
+    strict=True,
+    reason="contract gap: (logs, None) from a managed step returns state None",
+)
 def test_managed_step_returning_logs_and_none_state():
     @managed.step
     def tuple_none_state(state, batch):
@@ -126,7 +147,9 @@ def test_managed_step_returning_logs_and_none_state():
     assert float(logs.metrics.s) == 12.0
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: ManagedStep is not a loop element (** fails)")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: ManagedStep is not a loop element (** fails)"
+)
 def test_managed_steps_spread_with_double_star():
     @managed.train_step
     def step(state, batch):
@@ -155,20 +178,29 @@ def test_stateful_metrics_merged_into_the_state():
     @managed.step
     def step(state, batch):
         logs = ciclo.logs()
-        logs.add_stateful_metric("mean_value", clu_metrics.Average.from_model_output(jnp.asarray(batch)))
+        logs.add_stateful_metric(
+            "mean_value", clu_metrics.Average.from_model_output(jnp.asarray(batch))
+        )
         return logs, state
 
     state = _state(_MetricState, mean_value=clu_metrics.Average.empty())
     logs, state = step(state, jnp.asarray([1.0, 3.0]))
     logs, state = step(state, jnp.asarray([5.0, 7.0]))
-    assert float(state.mean_value.compute()) == pytest.approx(4.0)  # accumulated in the state
-    assert float(logs["stateful_metrics"]["mean_value"]) == pytest.approx(4.0)  # logged computed
+    assert float(state.mean_value.compute()) == pytest.approx(
+        4.0
+    )  # accumulated in the state
+    assert float(logs["stateful_metrics"]["mean_value"]) == pytest.approx(
+        4.0
+    )  # logged computed
 
 
 # ------------------------------------------------------------------- create_flax_state
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: create_flax_state does not add avg_<loss> metrics")
+@pytest.mark.xfail(
+    strict=True,
+    reason="contract gap: create_flax_state does not add avg_<loss> metrics",
+)
 def test_create_flax_state_logs_avg_loss_metrics():
     import flax.linen as nn
 
@@ -189,8 +221,13 @@ def test_create_flax_state_logs_avg_loss_metrics():
 # ------------------------------------------------------------------- strategies
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: Strategy.lift_batch_size does not exist")
+@pytest.mark.xfail(
+    strict=True, reason="contract gap: Strategy.lift_batch_size does not exist"
+)
 def test_strategies_lift_batch_size():
     assert ciclo.get_strategy("eager").lift_batch_size(8) == 8
     assert ciclo.get_strategy("jit").lift_batch_size(8) == 8
-    assert ciclo.get_strategy("data_parallel").lift_batch_size(8) == 8 * jax.local_device_count()
+    assert (
+        ciclo.get_strategy("data_parallel").lift_batch_size(8)
+        == 8 * jax.local_device_count()
+    )
