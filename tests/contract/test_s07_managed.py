@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -159,7 +161,8 @@ def test_managed_steps_work_as_loop_callbacks_and_state_methods(regression_batch
 def test_register_and_get_strategy(regression_batches):
     jit = ciclo.get_strategy("jit")
     assert isinstance(jit, ciclo.Strategy)
-    ciclo.register_strategy("contract_jit_copy", ciclo.get_strategy("jit"))
+    # register a copy: the registered "jit" object itself must stay untouched
+    ciclo.register_strategy("contract_jit_copy", copy.copy(ciclo.get_strategy("jit")))
     assert isinstance(ciclo.get_strategy("contract_jit_copy"), ciclo.Strategy)
     state = _state("contract_jit_copy")
     for batch in regression_batches[:2]:
