@@ -71,11 +71,13 @@ def _compile(table: Table, named, ordinary, epoch=None, nested=()):
 
 
 def _run(table: Table, state, dataset, named, ordinary, **loop_kwargs):
-    if not named[table.step] and not ordinary:
+    per_batch = (n for n in (*table.batch, *table.batch_end) if n != TASKS)
+    if not ordinary and not any(named[n] for n in per_batch):
         step = aliases_of(table.step)[-1]
         raise ValueError(
-            f"{table.loop}: nothing runs on `{table.step}`, so the loop would do "
-            f"nothing: give the state a `{step}` method or pass "
+            f"{table.loop}: nothing runs on `{table.step}` (nor on any other "
+            f"per-batch schedule), so the loop would do nothing: give the state a "
+            f"`{step}` method or pass "
             f"tasks={{ciclo.{table.step}: [{step}]}}."
         )
     tasks, on_start, on_end = _compile(table, named, ordinary)
@@ -221,8 +223,8 @@ def test_loop(
     `metadata`, `batch_size_fn`) as in `ciclo.loop`.
 
     Raises:
-        ValueError: if nothing runs on `on_test_step` and `tasks` has no ordinary
-            schedule (the loop would silently log nothing).
+        ValueError: if nothing would run per batch: no `on_test_step` (or other
+            per-batch) callback and no ordinary schedule in `tasks`.
 
     Example:
         >>> import ciclo

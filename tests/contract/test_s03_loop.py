@@ -261,9 +261,6 @@ def test_loop_state_accumulated_logs_keeps_latest_value_per_entry():
     assert seen == [(10, None), (10, 20), (30, 20), (30, 20)]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: loop_state.elapsed_after does not exist"
-)
 def test_loop_state_elapsed_after_counts_this_batch():
     seen = []
 
@@ -295,9 +292,6 @@ def test_stop_iteration_ends_loop_after_the_current_callback(recorder):
     assert [v for t, v in recorder.events if t == "after"] == [0, 1]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: loop_state.stop_after_batch() does not exist"
-)
 def test_stop_after_batch_ends_loop_at_the_end_of_the_current_batch(recorder):
     def stopper(state, batch, elapsed, loop_state):
         recorder("stopper", batch)

@@ -49,9 +49,6 @@ def test_add_methods_fill_the_right_collection(call, collection, entries):
     assert dict(logs[collection]) == entries
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: Logs.add_* return None instead of the Logs"
-)
 @pytest.mark.parametrize(
     "call",
     [
@@ -77,9 +74,6 @@ def test_each_add_method_returns_the_logs(call):
     assert call(logs) is logs
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: Logs.add_* return None, so calls do not chain"
-)
 def test_add_calls_chain():
     state = object()
 
@@ -188,9 +182,6 @@ def test_history_commit_by_hand_and_collect_aligned():
     assert list(history.collect("loss")) == [3.0, 2.0, 1.0]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: collect() of a never-logged key raises KeyError"
-)
 def test_history_collect_key_never_logged_gives_empty_lists():
     history = ciclo.history()
     for elapsed, _ in ciclo.elapse(range(3)):

@@ -346,10 +346,6 @@ def test_test_loop_callbacks_register_on_test_names(recorder):
 # ------------------------------------------------------------------- stopping
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: stop_iteration in train_loop is deferred to the end of the batch",
-)
 def test_stop_iteration_in_train_loop_ends_after_the_current_callback(recorder):
     def stopper(state, batch, elapsed, loop_state):
         recorder("step", batch)
@@ -371,9 +367,6 @@ def test_stop_iteration_in_train_loop_ends_after_the_current_callback(recorder):
     assert [v for t, v in recorder.events if t == "batch_end"] == [0]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: loop_state.stop_after_batch() does not exist"
-)
 def test_stop_after_batch_in_train_loop_finishes_the_batch(recorder):
     def stopper(state, batch, elapsed, loop_state):
         recorder("step", batch)

@@ -31,9 +31,6 @@ def _mse(params):
 # ------------------------------------------------------------------- Logs chaining
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: Logs.add_* return None, so 0.1 chaining breaks"
-)
 def test_logs_add_chaining_as_in_0_1():
     logs = ciclo.logs().add_loss("loss", 1.0).add_metric("acc", 0.5).add_output("o", 3)
     assert logs["losses"]["loss"] == 1.0
@@ -52,7 +49,6 @@ def test_logs_dict_argument_forms_of_0_1():
 # ------------------------------------------------------------------- inject, callbacks
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: ciclo.inject does not exist")
 def test_inject_passes_the_first_n_arguments():
     assert ciclo.inject(lambda a, b: (a, b), 1, 2, 3, 4) == (1, 2)
     assert ciclo.inject(lambda: "none", 1, 2) == "none"
@@ -64,10 +60,6 @@ def test_inject_passes_the_first_n_arguments():
     assert ciclo.inject(C().m, "x", "y") == "x"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: ciclo.callbacks.inner_loop is a module, not callable",
-)
 def test_callbacks_inner_loop():
     def inner(state):
         return ciclo.loop(state, range(3), {ciclo.every(1): [lambda s, b: _m(v=b)]})
