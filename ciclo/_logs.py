@@ -134,6 +134,14 @@ class Logs(dict):
         """
         if other is None:
             return self
+        if type(other) is Logs and all(type(e) is Entries for e in other.values()):
+            for collection, entries in other.items():  # the hot path: no checks
+                target = self.get(collection)
+                if target is None:
+                    self[collection] = Entries(entries)
+                else:
+                    target.update(entries)
+            return self
         if not isinstance(other, Mapping):
             raise TypeError(
                 f"Can only merge a Logs or a dict of collections, got "
