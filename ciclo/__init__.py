@@ -61,12 +61,19 @@ from ciclo.callbacks._inner_loop import inner_loop as inner_loop
 from ciclo.callbacks._noop import noop as noop
 
 # name -> (module, attribute): imported on first access (they pull in orbax, pkbar,
-# tqdm, flax or einop).
+# tqdm, flax, einop, or an optional writer's dependency).
 _LAZY = {
     "keras_bar": ("ciclo.callbacks._keras_bar", "keras_bar"),
     "tqdm_bar": ("ciclo.callbacks._tqdm_bar", "tqdm_bar"),
     "checkpoint": ("ciclo.callbacks._checkpoint", "checkpoint"),
     "restore": ("ciclo.callbacks._checkpoint", "restore"),
+    "tensorboard": ("ciclo.callbacks._tensorboard", "tensorboard"),
+    "csv_logger": ("ciclo.callbacks._csv", "csv_logger"),
+    "jsonl_logger": ("ciclo.callbacks._csv", "jsonl_logger"),
+    "wandb_logger": ("ciclo.callbacks._wandb", "wandb_logger"),
+    "lr_monitor": ("ciclo.callbacks._lr_monitor", "lr_monitor"),
+    "nan_guard": ("ciclo.callbacks._nan_guard", "nan_guard"),
+    "profiler": ("ciclo.callbacks._profiler", "profiler"),
     "managed": ("ciclo.managed", None),
     "Strategy": ("ciclo._strategies", "Strategy"),
     "register_strategy": ("ciclo._strategies", "register_strategy"),
@@ -106,6 +113,7 @@ __all__ = [
     "callbacks",
     "checkpoint",
     "create_flax_state",
+    "csv_logger",
     "early_stopping",
     "elapse",
     "every",
@@ -113,10 +121,13 @@ __all__ = [
     "history",
     "inject",
     "inner_loop",
+    "jsonl_logger",
     "keras_bar",
     "logs",
     "loop",
+    "lr_monitor",
     "managed",
+    "nan_guard",
     "never",
     "noop",
     "on_epoch_end",
@@ -138,11 +149,14 @@ __all__ = [
     "on_train_step",
     "piecewise",
     "predict_loop",
+    "profiler",
     "register_strategy",
     "restore",
+    "tensorboard",
     "test_loop",
     "tqdm_bar",
     "train_loop",
+    "wandb_logger",
 ]
 
 __version__ = "0.2.0"
