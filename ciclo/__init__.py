@@ -59,6 +59,13 @@ from ciclo import callbacks as callbacks
 from ciclo.callbacks._early_stopping import early_stopping as early_stopping
 from ciclo.callbacks._inner_loop import inner_loop as inner_loop
 from ciclo.callbacks._noop import noop as noop
+from ciclo.callbacks._csv import csv_logger as csv_logger
+from ciclo.callbacks._csv import jsonl_logger as jsonl_logger
+from ciclo.callbacks._lr_monitor import lr_monitor as lr_monitor
+from ciclo.callbacks._nan_guard import nan_guard as nan_guard
+from ciclo.callbacks._profiler import profiler as profiler
+from ciclo.callbacks._tensorboard import tensorboard as tensorboard
+from ciclo.callbacks._wandb import wandb_logger as wandb_logger
 
 # name -> (module, attribute, extra): imported on first access, since they pull in
 # orbax, pkbar, tqdm, flax or einop.
@@ -112,6 +119,7 @@ __all__ = [
     "callbacks",
     "checkpoint",
     "create_flax_state",
+    "csv_logger",
     "early_stopping",
     "elapse",
     "every",
@@ -119,10 +127,13 @@ __all__ = [
     "history",
     "inject",
     "inner_loop",
+    "jsonl_logger",
     "keras_bar",
     "logs",
     "loop",
+    "lr_monitor",
     "managed",
+    "nan_guard",
     "never",
     "noop",
     "on_epoch_end",
@@ -144,11 +155,14 @@ __all__ = [
     "on_train_step",
     "piecewise",
     "predict_loop",
+    "profiler",
     "register_strategy",
     "restore",
+    "tensorboard",
     "test_loop",
     "tqdm_bar",
     "train_loop",
+    "wandb_logger",
 ]
 
 __version__ = "0.2.0"

@@ -291,6 +291,164 @@ class History:
     def __repr__(self) -> str:
         return f"History(rows={self._rows}, keys={len(self._columns)})"
 
+    # -- export -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, np.ndarray]:
+        """Every column as an array over all rows, keyed `"collection.name"`.
+
+        The `elapsed.*` columns have a value per row; an entry missing from a row
+        is NaN there (float columns), or None (an object array) when its values
+        are not all numbers.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_loss("l", 1.0))
+            >>> history.commit(ciclo.Elapsed.create(steps=1), ciclo.logs())
+            >>> columns = history.to_dict()
+            >>> columns["elapsed.steps"].tolist(), columns["losses.l"].tolist()
+            ([0, 1], [1.0, nan])
+        """
+        self._flush()
+        out: dict[str, np.ndarray] = {}
+        for (collection, name), column in self._columns.items():
+            values = column.values
+            if isinstance(column, _ElapsedColumn):
+                out[f"{collection}.{name}"] = np.asarray(values)
+                continue
+            rows = np.asarray(column.rows, dtype=np.int64)
+            numbers = isinstance(values, array.array)
+            full = (
+                np.full(self._rows, np.nan)
+                if numbers
+                else np.full(self._rows, None, dtype=object)
+            )
+            if numbers:
+                full[rows] = np.asarray(values, dtype=np.float64)
+            else:
+                for row, value in zip(rows.tolist(), values):
+                    full[row] = value
+            out[f"{collection}.{name}"] = full
+        return out
+
+    def to_pandas(self) -> Any:
+        """The history as a `pandas.DataFrame`, a row per committed step and a
+        column per `"collection.name"` (see `to_dict`).
+
+        Raises:
+            ImportError: if pandas is not installed.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_loss("l", 1.0))
+            >>> history.to_pandas()["losses.l"].tolist()
+            [1.0]
+        """
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError(
+                "History.to_pandas needs pandas, which is not installed: "
+                "pip install pandas."
+            ) from None
+        return pandas.DataFrame(self.to_dict())
+
+    def plot(self, *keys: str, path: Any = None, x: str = "steps") -> Any:
+        """Plots learning curves with matplotlib; returns the figure.
+
+        One axis per key, steps on x: a key's train series and its `_test` (any
+        `<key>_<suffix>`) series share the axis, so `history.plot("loss",
+        "accuracy")` shows train and test loss together and train and test
+        accuracy together. Without keys: every loss and metric logged (test
+        series join their train one). A key is a bare name or
+        `"collection.name"`.
+
+        Args:
+            *keys: the entries to plot.
+            path: when given, the figure is also written there as a PNG.
+            x: the elapsed field on the x axis (`"steps"`, `"samples"`, `"time"`).
+
+        Returns:
+            The `matplotlib.figure.Figure` (not shown; call `plt.show()`).
+
+        Raises:
+            ImportError: if matplotlib is not installed ("install ciclo[plot]").
+            ValueError: if a key was never logged.
+
+        Example:
+            >>> import os, tempfile, ciclo
+            >>> history = ciclo.history()
+            >>> for step in range(3):
+            ...     logs = ciclo.logs().add_loss("loss", 1.0 / (step + 1))
+            ...     if step == 2:
+            ...         _ = logs.add_loss("loss_test", 0.4)
+            ...     history.commit(ciclo.Elapsed.create(steps=step), logs)
+            >>> path = os.path.join(tempfile.mkdtemp(), "curves.png")
+            >>> figure = history.plot("loss", path=path)
+            >>> [line.get_label() for line in figure.axes[0].get_lines()]
+            ['loss', 'loss_test']
+            >>> os.path.getsize(path) > 0
+            True
+        """
+        try:
+            from matplotlib.figure import Figure  # no pyplot: no GUI backend needed
+        except ImportError:
+            raise ImportError(
+                "History.plot needs matplotlib, which is not installed: install "
+                "ciclo[plot] (pip install 'ciclo[plot]')."
+            ) from None
+        self._flush()
+        logged = [(c, n) for c, n in self._columns if c != ELAPSED]
+        groups = _plot_groups(keys, logged, self)
+        figure = Figure(figsize=(5.0 * len(groups) or 5.0, 3.6), layout="constrained")
+        axes = figure.subplots(1, max(len(groups), 1), squeeze=False)[0]
+        for axis, (title, series) in zip(axes, groups):
+            for collection, name in series:
+                xs, ys = self.collect(f"{ELAPSED}.{x}", f"{collection}.{name}")
+                ys = [float(np.mean(y)) for y in ys]
+                axis.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=name)
+            axis.set_title(title)
+            axis.set_xlabel(x)
+            axis.grid(True, alpha=0.3)
+            axis.legend()
+        if path is not None:
+            figure.savefig(path, format="png", dpi=100)
+        return figure
+
+
+def _plot_groups(
+    keys: tuple[str, ...], logged: list[tuple[str, str]], history: History
+) -> list[tuple[str, list[tuple[str, str]]]]:
+    """`(title, [(collection, name), ...])` per axis: a key's series, then its
+    suffixed ones (`loss_test`); a series is plotted once."""
+    if not keys:  # every loss and metric whose name does not extend another's
+        first: dict[str, str] = {}  # name -> "collection.name", first collection
+        for c, n in logged:
+            if c in ("losses", "metrics"):
+                first.setdefault(n, f"{c}.{n}")
+        keys = tuple(
+            key
+            for n, key in first.items()
+            if not any(n.startswith(f"{m}_") for m in first)
+        )
+    groups, used = [], set()
+    for key in keys:
+        found = history._resolve(key)
+        if found is None:
+            raise ValueError(
+                f"History.plot: {key!r} was never logged; logged: "
+                f"{sorted({n for _, n in logged})}."
+            )
+        name = found[1]
+        series = [found] + [
+            (c, n) for c, n in logged if n.startswith(f"{name}_") and c == found[0]
+        ]
+        series = [s for s in dict.fromkeys(series) if s not in used]
+        used.update(series)
+        if series:
+            groups.append((name, series))
+    return groups
+
 
 def _to_host(values: list[Any]) -> list[Any]:
     """`values` on the host: device scalars stacked on the device and fetched with one

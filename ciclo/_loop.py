@@ -295,8 +295,17 @@ def loop(
 
 
 def _finish(hooks: list[Callable[[LoopState], Any]], ls: LoopState) -> None:
+    """Runs every end hook, even after one raised (a writer still closes after a
+    guard raised); the first error is raised once all ran."""
+    error = None
     for hook in hooks:
-        hook(ls)
+        try:
+            hook(ls)
+        except BaseException as e:
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
 
 
 class _Run:

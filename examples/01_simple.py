@@ -1,7 +1,8 @@
 """Digits classification with `ciclo.loop`: the README's first loop.
 
 A jitted `train_step` every step, a checkpoint every `CHECKPOINT_EVERY` steps (and
-one at the end) and a Keras-style progress bar; the model is evaluated on the test
+one at the end), TensorBoard logs and a Keras-style progress bar; the learning
+curve is written as a PNG; the model is evaluated on the test
 set at the end, and the latest checkpoint is restored to show it holds that model.
 
     python examples/01_simple.py            # 1,000 steps
@@ -84,6 +85,7 @@ def main() -> float:
         {  # Schedule: List[Callback]
             ciclo.every(1): [train_step],
             ciclo.every(steps=CHECKPOINT_EVERY): [checkpoint],
+            **ciclo.tensorboard(os.path.join(LOGDIR, "01_simple_tb")),
             **ciclo.keras_bar(total=STEPS),  # last: shows what the others logged
         },
         stop=STEPS,
@@ -95,6 +97,12 @@ def main() -> float:
     _, restored_accuracy = loss_and_accuracy(
         restored.params, restored.apply_fn, (x_test, y_test)
     )
+    curve = os.path.join(LOGDIR, "01_simple_curve.png")
+    history.plot("loss", "accuracy", path=curve)
+    print(
+        f"TensorBoard logs: tensorboard --logdir {os.path.join(LOGDIR, '01_simple_tb')}"
+    )
+    print(f"learning curve: {curve}")
     losses = history.collect("loss")
     print(
         f"train loss: {losses[0]:.4f} at the first step, {losses[-1]:.4f} at the last"

@@ -40,3 +40,18 @@ def test_readme_loop_language_snippet_runs(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "step 150:" in result.stdout
+
+
+def test_readme_observability_snippet_runs(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Observability", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "(100, 6)" in result.stdout

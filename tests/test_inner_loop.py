@@ -44,7 +44,7 @@ def test_aggregations(aggregation, expected):
 
 
 def test_sum_vs_last_and_arrays_reduce_elementwise():
-    last, _ = ciclo.inner_loop("t", _inner_run)(0)
+    last, _ = ciclo.inner_loop("t", _inner_run, aggregation="last")(0)
     total, _ = ciclo.inner_loop("t", _inner_run, aggregation="sum")(0)
     assert float(last.metrics.x_t) == 2.0 and float(total.metrics.x_t) == 10.0
     np.testing.assert_array_equal(total.outputs.v_t, [10.0, -10.0])

@@ -261,7 +261,8 @@ def test_test_dataset_is_fresh_each_epoch_with_test_duration():
         test_duration=3,
     )
     assert len(calls) == 3
-    assert history.collect("batch_test") == [2, 2, 2]  # "last" of batches 0, 1, 2
+    # the default aggregation of a metric: the batch-size-weighted mean of 0, 1, 2
+    assert history.collect("batch_test") == [1.0, 1.0, 1.0]
 
 
 def test_inner_loop_kwargs_and_test_name():

@@ -83,12 +83,13 @@ def _sections() -> list[tuple[str, list[tuple[int, str]]]]:
 
 _RUNNER = textwrap.dedent(
     """
-    import json, sys, traceback
+    import json, sys, textwrap, traceback
     prelude, blocks = json.loads(sys.stdin.read())
     namespace = {"__name__": "__readme__"}
     exec(prelude, namespace)
     for line, code in blocks:
         try:
+            code = textwrap.dedent(code)
             exec(compile(code, f"README.md:{line}", "exec"), namespace)
         except BaseException:
             print(f"README block at line {line} failed:", file=sys.stderr)

@@ -33,7 +33,7 @@ from ciclo._loops.named import (
 from ciclo._loops.register import as_list, register
 from ciclo._schedules.base import Schedule
 from ciclo._time import Elapsed, Period, as_period
-from ciclo.callbacks._inner_loop import inner_loop
+from ciclo.callbacks._inner_loop import TEST_AGGREGATION, inner_loop
 
 
 class _Named(Schedule):
@@ -142,7 +142,7 @@ def train_loop(
         >>> state, history, _ = ciclo.train_loop(
         ...     Counter(0), [1] * 6, test_dataset=lambda: [0], epoch_duration=3)
         >>> int(state), history.collect("steps", "seen_test")
-        (6, ([2, 5], [3, 6]))
+        (6, ([2, 5], [3.0, 6.0]))
     """
     named, ordinary = register(TRAIN, state, tasks, callbacks)
     if test_duration is not None:
@@ -160,7 +160,11 @@ def train_loop(
                 f"train_loop: `inner_loop_kwargs` must be a dict such as "
                 f"{{'aggregation': 'mean'}}, got {type(inner_loop_kwargs).__name__}."
             )
-        nested.append(inner_loop(test_name, run_test, **(inner_loop_kwargs or {})))
+        kwargs = dict(inner_loop_kwargs or {})
+        aggregation = kwargs.get("aggregation", {})
+        if isinstance(aggregation, Mapping):  # covers what the user's dict does not
+            kwargs["aggregation"] = {**TEST_AGGREGATION, **aggregation}
+        nested.append(inner_loop(test_name, run_test, **kwargs))
     tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, nested)
     return loop(
         state, data, tasks, stop=stop, on_start=on_start, on_end=on_end,

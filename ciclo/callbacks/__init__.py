@@ -19,15 +19,34 @@ from ciclo.callbacks._noop import noop as noop
 __all__ = [
     "LoopElement",
     "checkpoint",
+    "csv_logger",
     "early_stopping",
     "inner_loop",
+    "jsonl_logger",
     "keras_bar",
+    "lr_monitor",
+    "nan_guard",
     "noop",
+    "profiler",
     "restore",
+    "tensorboard",
     "tqdm_bar",
+    "wandb_logger",
 ]
 
-_LAZY = {"keras_bar", "tqdm_bar", "checkpoint", "restore"}
+_LAZY = {
+    "keras_bar",
+    "tqdm_bar",
+    "checkpoint",
+    "restore",
+    "tensorboard",
+    "csv_logger",
+    "jsonl_logger",
+    "wandb_logger",
+    "lr_monitor",
+    "nan_guard",
+    "profiler",
+}
 
 
 def __getattr__(name: str) -> Any:

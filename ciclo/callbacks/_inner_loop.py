@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from ciclo._history import ELAPSED, History
-from ciclo._logs import Logs
+from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, Logs
 
 __all__ = ["AGGREGATIONS", "InnerLoop", "inner_loop"]
 
@@ -17,17 +18,45 @@ def _stack(values: list[Any]) -> np.ndarray:
     return np.stack([np.asarray(v) for v in values])
 
 
-AGGREGATIONS: dict[str, Callable[[list[Any]], Any]] = {
+def _weighted_mean(values: list[Any], weights: list[float] | None = None) -> Any:
+    stacked = _stack(values)
+    if weights is None:
+        return stacked.mean(axis=0)
+    w = np.asarray(weights, dtype=np.float64)
+    if not w.sum() > 0:  # no batch sizes known (e.g. only on_end logged it)
+        return stacked.mean(axis=0)
+    w = w.reshape((-1,) + (1,) * (stacked.ndim - 1))
+    mean = (stacked * w).sum(axis=0) / w.sum()
+    if np.issubdtype(stacked.dtype, np.floating):
+        mean = mean.astype(stacked.dtype)
+    return mean
+
+
+AGGREGATIONS: dict[str, Callable[..., Any]] = {
     "last": lambda values: values[-1],
     "first": lambda values: values[0],
     "mean": lambda values: _stack(values).mean(axis=0),
+    "weighted_mean": _weighted_mean,
     "sum": lambda values: _stack(values).sum(axis=0),
     "min": lambda values: _stack(values).min(axis=0),
     "max": lambda values: _stack(values).max(axis=0),
+    "std": lambda values: _stack(values).std(axis=0),
+    "concat": lambda values: np.concatenate([np.atleast_1d(v) for v in values]),
 }
 
 # The reductions that stack the values (they need equal shapes), by function.
-_REDUCTIONS = {AGGREGATIONS[n]: n for n in ("mean", "sum", "min", "max")}
+_REDUCTIONS = {
+    AGGREGATIONS[n]: n for n in ("mean", "weighted_mean", "sum", "min", "max", "std")
+}
+
+# train_loop's test aggregation: stateful metrics accumulate, so their last value is
+# the result; losses and per-batch metrics are averaged weighting each batch by its
+# size. (A plain `inner_loop` defaults to "last", as in Ciclo 0.1.)
+TEST_AGGREGATION = {
+    STATEFUL_METRICS: "last",
+    LOSSES: "weighted_mean",
+    METRICS: "weighted_mean",
+}
 
 Aggregation = str | Callable[[list[Any]], Any]
 
@@ -38,14 +67,14 @@ def _check_aggregation(value: Any, where: str) -> Callable[[list[Any]], Any]:
             raise ValueError(
                 f"inner_loop: unknown {where} {value!r}; expected one of "
                 f"{list(AGGREGATIONS)}, a function of the list of values, or a dict "
-                f"collection -> aggregation."
+                f"collection or entry -> aggregation."
             )
         return AGGREGATIONS[value]
     if callable(value):
         return value
     raise TypeError(
         f"inner_loop: {where} must be one of {list(AGGREGATIONS)}, a function of the "
-        f"list of values, or a dict collection -> aggregation; got {value!r} "
+        f"list of values, or a dict collection or entry -> aggregation; got {value!r} "
         f"({type(value).__name__})."
     )
 
@@ -80,15 +109,18 @@ class InnerLoop:
                 f"elapsed), e.g. lambda state: ciclo.test_loop(state, data()); got "
                 f"{loop_fn!r} ({type(loop_fn).__name__})."
             )
+        self._default: Callable[..., Any] = AGGREGATIONS["last"]
+        self._per_key: dict[str, Callable[..., Any]] = {}
         if isinstance(aggregation, Mapping):
-            self._default = AGGREGATIONS["last"]
-            self._per_collection = {
-                collection: _check_aggregation(agg, f"aggregation[{collection!r}]")
-                for collection, agg in aggregation.items()
-            }
+            for key, agg in aggregation.items():
+                if not isinstance(key, str):
+                    raise TypeError(
+                        f"inner_loop: the keys of `aggregation` must be collection "
+                        f"or entry names, got {key!r}."
+                    )
+                self._per_key[key] = _check_aggregation(agg, f"aggregation[{key!r}]")
         else:
             self._default = _check_aggregation(aggregation, "aggregation")
-            self._per_collection = {}
         self.name = name
         self.loop_fn = loop_fn
         self.output_state = bool(output_state)
@@ -97,19 +129,37 @@ class InnerLoop:
     def __repr__(self) -> str:
         return f"inner_loop({self.name!r}, aggregation={self.aggregation!r})"
 
-    def aggregate(self, history: History) -> Logs:
-        """The aggregated, suffixed logs of an inner `history` (a host sync)."""
+    def _aggregation(self, collection: str, entry: str) -> Callable[..., Any]:
+        per_key = self._per_key
+        for key in (f"{collection}.{entry}", entry, collection):
+            if key in per_key:
+                return per_key[key]
+        return self._default
+
+    def aggregate(self, history: History, elapsed: Any = None) -> Logs:
+        """The aggregated, suffixed logs of an inner `history` (a host sync).
+
+        `elapsed` (the inner loop's final one) gives the size of the last batch
+        for the weighted mean."""
         logs = Logs()
+        sizes: dict[int, float] | None = None
         for key in history.keys():  # noqa: SIM118 (iterating a History gives rows)
             collection, _, entry = key.partition(".")
             if collection == ELAPSED:
                 continue
-            values = history.collect(key)
+            aggregate = self._aggregation(collection, entry)
+            if aggregate is _weighted_mean:
+                steps, values = history.collect(f"{ELAPSED}.steps", key)
+                if sizes is None:
+                    sizes = _batch_sizes(history, elapsed)
+                args = (values, [sizes.get(s, 0.0) for s in steps])
+            else:
+                values = history.collect(key)
+                args = (values,)
             if not values:
                 continue
-            aggregate = self._per_collection.get(collection, self._default)
             try:
-                value = aggregate(values)
+                value = aggregate(*args)
             except ValueError as error:
                 shapes = {tuple(np.shape(v)) for v in values}
                 if aggregate not in _REDUCTIONS or len(shapes) < 2:
@@ -154,12 +204,34 @@ class InnerLoop:
                 f"inner_loop {self.name!r}: `loop_fn` must return (state, history, "
                 f"elapsed) like ciclo.loop / ciclo.test_loop; got {output!r:.200}."
             )
-        inner_state, history, _ = output
-        return self.aggregate(history), inner_state if self.output_state else state
+        inner_state, history, elapsed = output
+        logs = self.aggregate(history, elapsed)
+        return logs, inner_state if self.output_state else state
 
     def __loop_callback__(self, loop_state: Any) -> tuple[Logs, Any]:
         logs, state = self(loop_state.state)
         return logs, state if self.output_state else None
+
+
+def _batch_sizes(history: History, elapsed: Any) -> dict[int, float]:
+    """Each row's batch size, by step: the difference of consecutive `samples`
+    (over a gap of steps that logged nothing, the average per step of the gap);
+    for the last row, up to `elapsed` (the loop's final one)."""
+    steps, samples = history.collect(f"{ELAPSED}.steps", f"{ELAPSED}.samples")
+    sizes: dict[int, float] = {}
+    if not steps:
+        return sizes
+    if elapsed is not None:
+        end = (int(elapsed.steps), int(elapsed.samples))
+    elif len(steps) > 1:  # unknown: as the row before
+        end = (2 * steps[-1] - steps[-2], 2 * samples[-1] - samples[-2])
+    else:
+        end = (steps[-1] + 1, samples[-1] + 1)
+    bounds = [*zip(steps, samples), end]
+    for (step, sample), (next_step, next_sample) in itertools.pairwise(bounds):
+        gap = next_step - step
+        sizes[step] = (next_sample - sample) / gap if gap > 0 else 0.0
+    return sizes
 
 
 def inner_loop(
@@ -177,10 +249,16 @@ def inner_loop(
         output_state: use the inner loop's final state as the new state (default:
             the state is left unchanged).
         aggregation: how each entry's values over the inner steps become one value:
-            `"last"`, `"first"`, `"mean"`, `"sum"`, `"min"`, `"max"` (the last four
-            reduce over the steps, element-wise for arrays), a function of the list
-            of values, or a dict collection -> aggregation (collections not in
-            the dict use `"last"`).
+            `"last"`, `"first"`, `"mean"`, `"weighted_mean"` (each step weighted
+            by its batch size, so an uneven last batch counts for what it holds),
+            `"sum"`, `"min"`, `"max"`, `"std"` (these reduce over the steps,
+            element-wise for arrays), `"concat"` (concatenated along the first
+            axis, scalars as 1-element arrays), a function of the list of values,
+            or a dict from a collection (`"metrics"`), an entry (`"loss"`) or a
+            `"collection.entry"` to an aggregation (the most specific key wins).
+            Entries a dict does not cover use `"last"`. (`train_loop`'s test
+            loop defaults to `TEST_AGGREGATION`: stateful metrics `"last"`,
+            losses and metrics `"weighted_mean"`.)
 
     Returns:
         An `InnerLoop`, usable in any task list, or by hand: `logs, state =
@@ -202,5 +280,14 @@ def inner_loop(
         >>> logs, state = inner(None)
         >>> float(logs.metrics.x_valid)
         6.0
+        >>> import numpy as np
+        >>> def loss(state, batch):  # batches of 2, 2 and 1 samples
+        ...     return ciclo.logs().add_loss("loss", batch.mean())
+        >>> data = [np.array([1.0, 1.0]), np.array([1.0, 1.0]), np.array([4.0])]
+        >>> inner = ciclo.inner_loop(  # the per-sample mean of the loss
+        ...     "test", lambda s: ciclo.loop(s, data, {ciclo.every(1): loss}),
+        ...     aggregation={"losses": "weighted_mean"})
+        >>> float(inner(None)[0].losses.loss_test)  # (1 + 1 + 1 + 1 + 4) / 5
+        1.6
     """
     return InnerLoop(name, loop_fn, output_state=output_state, aggregation=aggregation)

@@ -229,10 +229,6 @@ def _uneven_test_run():
     return history
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: default test aggregation is 'last', not the batch-size-weighted mean",
-)
 def test_default_test_aggregation_is_weighted_mean_for_losses_and_metrics():
     history = _uneven_test_run()
     weighted = (

@@ -338,10 +338,7 @@ _VALUES = [1.0, 2.0, 3.0, 4.0]
         pytest.param(
             "std",
             float(np.std(_VALUES)),
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="contract gap: inner_loop aggregation 'std' unsupported",
-            ),
+            marks=(),
         ),
         (lambda values: float(sum(np.asarray(v) for v in values)) * 2, 20.0),
     ],
@@ -360,9 +357,6 @@ def test_inner_loop_default_is_last_and_suffixes_entries():
     assert float(m[0]) == 4.0 and float(ls[0]) == 40.0
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: inner_loop aggregation 'concat' unsupported"
-)
 def test_inner_loop_concat_and_dict_per_collection():
     _, history = _run_inner(
         aggregation={"outputs": "concat", "metrics": "mean", "losses": "max"}
@@ -380,10 +374,6 @@ def test_inner_loop_dict_per_collection():
     assert float(ls[0]) == 10.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: inner_loop aggregation dict keyed by entry is ignored",
-)
 @pytest.mark.parametrize(
     "m_key, l_key", [("m", "l"), ("metrics.m", "losses.l")], ids=["bare", "qualified"]
 )
@@ -425,17 +415,12 @@ def _observed_run(*callbacks, n=4):
     return ciclo.loop(0, range(n), {EVERY: [step, *callbacks]})
 
 
-_OBS = "contract gap: observability callback ciclo.{} does not exist"
-
-
-@pytest.mark.xfail(strict=True, reason=_OBS.format("tensorboard"))
 def test_tensorboard_writer(tmp_path):
     _observed_run(ciclo.tensorboard(str(tmp_path / "tb")))
     files = list((tmp_path / "tb").rglob("events.out.tfevents*"))
     assert files and sum(f.stat().st_size for f in files) > 0
 
 
-@pytest.mark.xfail(strict=True, reason=_OBS.format("csv_logger"))
 def test_csv_logger(tmp_path):
     _observed_run(ciclo.csv_logger(str(tmp_path / "log.csv")))
     files = list(tmp_path.rglob("*.csv"))
@@ -445,7 +430,6 @@ def test_csv_logger(tmp_path):
     assert any("loss" in k for k in rows[0])
 
 
-@pytest.mark.xfail(strict=True, reason=_OBS.format("jsonl_logger"))
 def test_jsonl_logger(tmp_path):
     _observed_run(ciclo.jsonl_logger(str(tmp_path / "log.jsonl")))
     files = list(tmp_path.rglob("*.jsonl"))
@@ -455,7 +439,6 @@ def test_jsonl_logger(tmp_path):
     assert "loss" in json.dumps(lines[0])
 
 
-@pytest.mark.xfail(strict=True, reason=_OBS.format("wandb_logger"))
 def test_wandb_logger_logs_scalars_with_step():
     class FakeRun:  # the original's wandb_logger(run) calls run.log(data, step=...)
         def __init__(self):
@@ -471,7 +454,6 @@ def test_wandb_logger_logs_scalars_with_step():
     assert any("loss" in k for k in run.calls[0][0])
 
 
-@pytest.mark.xfail(strict=True, reason=_OBS.format("lr_monitor"))
 def test_lr_monitor_logs_the_learning_rate():
     tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.125)
     state = managed.ManagedState.create(params=jnp.zeros(2), tx=tx, strategy="eager")
@@ -487,7 +469,6 @@ def test_lr_monitor_logs_the_learning_rate():
     assert seen == [0.125, 0.125]
 
 
-@pytest.mark.xfail(strict=True, reason=_OBS.format("nan_guard"))
 def test_nan_guard_stops_with_a_clear_message(capsys):
     def step(state, batch):
         loss = float("nan") if batch == 2 else 1.0
@@ -504,7 +485,6 @@ def test_nan_guard_stops_with_a_clear_message(capsys):
         assert "nan" in (captured.out + captured.err).lower()
 
 
-@pytest.mark.xfail(strict=True, reason=_OBS.format("profiler"))
 def test_profiler_window_writes_a_trace(tmp_path):
     f = jax.jit(lambda s: s + 1.0)
     ciclo.loop(
@@ -520,14 +500,12 @@ def _history_of_4():
     return history
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: History.to_dict does not exist")
 def test_history_to_dict():
     d = _history_of_4().to_dict()
     key = next(k for k in d if k.endswith("loss"))
     assert [float(x) for x in d[key]] == pytest.approx([1.0, 0.5, 1 / 3, 0.25])
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: History.to_pandas does not exist")
 def test_history_to_pandas():
     pytest.importorskip("pandas")
     df = _history_of_4().to_pandas()
@@ -536,7 +514,6 @@ def test_history_to_pandas():
     assert list(df[col]) == pytest.approx([1.0, 0.5, 1 / 3, 0.25])
 
 
-@pytest.mark.xfail(strict=True, reason="contract gap: History.plot does not exist")
 def test_history_plot():
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
@@ -550,9 +527,6 @@ def test_history_plot():
         plt.close("all")
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: observability names are not exported"
-)
 def test_observability_names_exist():
     names = (
         "tensorboard",

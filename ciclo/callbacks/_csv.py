@@ -1,0 +1,209 @@
+"""`csv_logger` and `jsonl_logger`: a row per logged step in a local file."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from typing import Any, TextIO
+
+from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
+from ciclo.callbacks._writer import ELAPSED_COLUMNS, Row, Writer
+
+__all__ = ["csv_logger", "jsonl_logger"]
+
+
+class _FileWriter(Writer):
+    """A writer to one local file, truncated at its first write (unless `append`)
+    and appended to afterwards, also by later loops using the same object."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        append: bool = False,
+        collections: tuple[str, ...] = SHOWN_COLLECTIONS,
+        max_pending: int = 256,
+    ):
+        super().__init__(collections=collections, max_pending=max_pending)
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(f"`path` must be a file path, got {path!r}.")
+        self.path = os.fspath(path)
+        self._append = bool(append)
+        self._file: TextIO | None = None
+
+    def _open(self) -> TextIO:
+        if self._file is None:
+            directory = os.path.dirname(self.path)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            mode = "a" if self._append else "w"
+            self._file = open(self.path, mode, newline="")  # noqa: SIM115
+            self._append = True  # later opens (a new loop) continue the file
+        return self._file
+
+    def _close(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+
+class jsonl_logger(_FileWriter):
+    """Writes a JSON object per logged step to a JSON-lines file.
+
+    Each line holds `steps`, `samples`, `time` (the loop's elapsed before the batch,
+    as in `History`) and the step's single-number losses, metrics and stateful
+    metrics by bare name (`{"steps": 3, "samples": 96, "time": 0.41, "loss":
+    0.52}`); NaN and infinities are written as `NaN` / `Infinity` (Python's
+    `json` reads them back). Rows are written lagged, once the device has computed
+    them, and flushed after each write; at the end of the loop (also on Ctrl-C or
+    an error) the remaining rows are written and the file is closed, so every row
+    committed to the history is in the file when the loop returns.
+
+    Registration and use as `ciclo.tensorboard`: `on_train_batch_end` in
+    `train_loop(callbacks=[...])`, `**` last in a `ciclo.loop` task dict, or by
+    hand `logger(elapsed, logs)` then `logger.close()`.
+
+    Args:
+        path: the file; its directory is created. The first write truncates it
+            (unless `append=True`); later loops with the same logger append.
+        append: keep an existing file's lines.
+        collections: the collections written.
+        max_pending: at most this many rows wait for the device.
+
+    Example:
+        >>> import json, os, tempfile, ciclo
+        >>> path = os.path.join(tempfile.mkdtemp(), "log.jsonl")
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", float(batch)), state
+        >>> _ = ciclo.loop(
+        ...     None, range(3), {ciclo.every(1): train_step, **ciclo.jsonl_logger(path)})
+        >>> with open(path) as file:
+        ...     [json.loads(line)["loss"] for line in file]
+        [0.0, 1.0, 2.0]
+    """
+
+    def _write(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        file = self._open()
+        for row in rows:
+            record = {
+                "steps": row.steps,
+                "samples": row.samples,
+                "time": row.time,
+                **row.entries,
+            }
+            file.write(json.dumps(record) + "\n")
+            self.rows_written += 1
+        file.flush()
+
+
+class csv_logger(_FileWriter):
+    """Writes a CSV row per logged step.
+
+    The columns are `steps`, `samples`, `time` (the loop's elapsed before the
+    batch, as in `History`), then the single-number losses, metrics and stateful
+    metrics by bare name in the order first logged; a step that did not log an
+    entry leaves its cell empty. When a new entry appears (`accuracy_test` after
+    the first epoch), the file is rewritten with the wider header (to a temporary
+    file, then atomically renamed over the old one), so no row is lost. Rows are
+    written lagged, once the device has computed them, and flushed after each
+    write; at the end of the loop (also on Ctrl-C or an error) the remaining rows
+    are written and the file is closed, so every row committed to the history is in
+    the file when the loop returns.
+
+    Registration and use as `ciclo.tensorboard`. Read it back with
+    `csv.DictReader` or `pandas.read_csv`.
+
+    Args:
+        path: the file; its directory is created. The first write truncates it
+            (unless `append=True`, which keeps its rows and header); later loops
+            with the same logger append.
+        append: keep an existing file's rows.
+        collections: the collections written.
+        max_pending: at most this many rows wait for the device.
+
+    Example:
+        >>> import csv, os, tempfile, ciclo
+        >>> path = os.path.join(tempfile.mkdtemp(), "log.csv")
+        >>> def train_step(state, batch):
+        ...     logs = ciclo.logs().add_loss("loss", float(batch))
+        ...     if batch == 2:
+        ...         logs.add_metric("accuracy", 0.5)  # a new column
+        ...     return logs, state
+        >>> _ = ciclo.loop(
+        ...     None, range(3), {ciclo.every(1): train_step, **ciclo.csv_logger(path)})
+        >>> with open(path, newline="") as file:
+        ...     [(r["steps"], r["loss"], r["accuracy"]) for r in csv.DictReader(file)]
+        [('0', '0.0', ''), ('1', '1.0', ''), ('2', '2.0', '0.5')]
+    """
+
+    def __init__(self, path: str | os.PathLike, **kwargs: Any):
+        super().__init__(path, **kwargs)
+        self._fields: list[str] = []
+
+    def _open(self) -> TextIO:
+        if self._file is None and self._append and not self._fields:
+            self._fields = _header(self.path)  # an existing file: keep its columns
+        return super()._open()
+
+    def _write(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        file = self._open()
+        new = []
+        known = set(self._fields)
+        for row in rows:
+            for name in row.entries:
+                if name not in known and name not in ELAPSED_COLUMNS:
+                    known.add(name)
+                    new.append(name)
+        if new or not self._fields:
+            fields = self._fields or list(ELAPSED_COLUMNS)
+            self._fields = fields + new
+            file = self._rewrite()
+        writer = csv.DictWriter(file, self._fields, restval="")
+        for row in rows:
+            writer.writerow(
+                {
+                    "steps": row.steps,
+                    "samples": row.samples,
+                    "time": row.time,
+                    **{k: _cell(v) for k, v in row.entries.items()},
+                }
+            )
+            self.rows_written += 1
+        file.flush()
+
+    def _rewrite(self) -> TextIO:
+        """Rewrites the file with the current header and its rows so far."""
+        assert self._file is not None
+        self._file.close()
+        self._file = None
+        rows: list[dict[str, str]] = []
+        if os.path.exists(self.path) and os.path.getsize(self.path):
+            with open(self.path, newline="") as old:
+                rows = list(csv.DictReader(old))
+        temporary = self.path + ".tmp"
+        with open(temporary, "w", newline="") as new:
+            writer = csv.DictWriter(new, self._fields, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(temporary, self.path)
+        self._file = open(self.path, "a", newline="")  # noqa: SIM115
+        return self._file
+
+
+def _header(path: str) -> list[str]:
+    if not os.path.exists(path) or not os.path.getsize(path):
+        return []
+    with open(path, newline="") as file:
+        return next(csv.reader(file), [])
+
+
+def _cell(value: float | int) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # nan, inf, -inf: what float() reads back
+    return value

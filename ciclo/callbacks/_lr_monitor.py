@@ -1,0 +1,120 @@
+"""`lr_monitor`: logs the learning rate of an optax optimizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from ciclo._logs import Logs
+from ciclo.callbacks._base import LoopElement
+
+__all__ = ["lr_monitor"]
+
+
+def _has_hyperparams(node: Any) -> bool:
+    hyperparams = getattr(node, "hyperparams", None)
+    return isinstance(hyperparams, dict)
+
+
+class lr_monitor(LoopElement):
+    """Logs the learning rate as a metric (`"learning_rate"` by default).
+
+    Without `schedule`, the value is read from the optimizer state of an optax
+    optimizer wrapped in `optax.inject_hyperparams`: the state's `opt_state` (or
+    the state itself when it has none) is searched for an
+    `InjectHyperparamsState` whose `hyperparams` has the key `hyperparam`; after a
+    train step it holds the learning rate that step used. With `schedule` (an optax
+    schedule, `step -> learning rate`), it logs `schedule(elapsed.steps)`, the
+    rate of the current step (optax counts updates from 0, as `elapsed.steps`).
+    Either way the value is a device array logged as is (no host sync); writers and
+    bars read it lagged.
+
+    In `ciclo.train_loop(callbacks=[...])` it runs on `on_train_step`, right after
+    the state's own train step, so the writers that run on `on_train_batch_end` see
+    it. In `ciclo.loop` put it after the train step (`{ciclo.every(1):
+    [train_step, ciclo.lr_monitor()], **writer}`). By hand: `logs = lr(state,
+    elapsed)`.
+
+    Args:
+        schedule: an optax schedule `step -> learning rate`; None reads the
+            optimizer state.
+        name: the metric's name.
+        hyperparam: the key of the injected hyperparameter to read.
+
+    Raises:
+        TypeError: if `schedule` is not callable.
+        ValueError: (when called) if no `inject_hyperparams` state holding
+            `hyperparam` is found in the state.
+
+    Example:
+        >>> import jax.numpy as jnp, optax, ciclo
+        >>> schedule = optax.linear_schedule(1.0, 0.0, transition_steps=4)
+        >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=schedule)
+        >>> params = jnp.zeros(2)
+        >>> def train_step(state):
+        ...     params, opt_state = state
+        ...     updates, opt_state = tx.update(jnp.ones(2), opt_state, params)
+        ...     return None, (params + updates, opt_state)
+        >>> state = (params, tx.init(params))  # or anything with an `opt_state`
+        >>> _, history, _ = ciclo.loop(
+        ...     state, range(4), {ciclo.every(1): [train_step, ciclo.lr_monitor()]})
+        >>> [round(float(v), 2) for v in history.collect("learning_rate")]
+        [1.0, 0.75, 0.5, 0.25]
+    """
+
+    def __init__(
+        self,
+        schedule: Callable[[Any], Any] | None = None,
+        *,
+        name: str = "learning_rate",
+        hyperparam: str = "learning_rate",
+    ):
+        if schedule is not None and not callable(schedule):
+            raise TypeError(
+                f"lr_monitor: `schedule` must be an optax schedule step -> learning "
+                f"rate, got {schedule!r} ({type(schedule).__name__})."
+            )
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"lr_monitor: `name` must be a string, got {name!r}.")
+        self.schedule = schedule
+        self.name = name
+        self.hyperparam = hyperparam
+        self._index: int | None = None  # the found state's position among the leaves
+
+    @property
+    def on_train_step(self) -> lr_monitor:
+        """The monitor itself: in `train_loop` it runs right after the train step."""
+        return self
+
+    def learning_rate(self, state: Any, elapsed: Any = None) -> Any:
+        """The learning rate for `state` (and `elapsed`, with a `schedule`)."""
+        if self.schedule is not None:
+            if elapsed is None:
+                raise ValueError("lr_monitor: a `schedule` needs `elapsed`.")
+            return self.schedule(elapsed.steps)
+        opt_state = getattr(state, "opt_state", state)
+        leaves = jax.tree_util.tree_leaves(opt_state, is_leaf=_has_hyperparams)
+        index = self._index
+        if index is None or index >= len(leaves) or not _has_hyperparams(leaves[index]):
+            index = self._index = self._find(leaves)
+        return leaves[index].hyperparams[self.hyperparam]
+
+    def _find(self, leaves: list[Any]) -> int:
+        for i, leaf in enumerate(leaves):
+            if _has_hyperparams(leaf) and self.hyperparam in leaf.hyperparams:
+                return i
+        raise ValueError(
+            f"lr_monitor: found no optax.inject_hyperparams state with "
+            f"hyperparams[{self.hyperparam!r}] in the state's `opt_state`. Build the "
+            f"optimizer as optax.inject_hyperparams(optax.adam)(learning_rate=...), "
+            f"or pass the schedule: ciclo.lr_monitor(schedule)."
+        )
+
+    def __call__(self, state: Any, elapsed: Any = None) -> Logs:
+        """The logs `{"metrics": {name: learning rate}}` for `state`."""
+        return Logs().add_metric(self.name, self.learning_rate(state, elapsed))
+
+    def __loop_callback__(self, loop_state: Any) -> tuple[Logs, None]:
+        return self(loop_state.state, loop_state.elapsed), None

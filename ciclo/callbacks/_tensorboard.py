@@ -1,0 +1,105 @@
+"""`tensorboard`: a metric writer to TensorBoard event files (tensorboardX)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
+from ciclo.callbacks._writer import Row, Writer, missing
+
+__all__ = ["tensorboard"]
+
+
+class tensorboard(Writer):
+    """Writes the step's losses, metrics and stateful metrics to TensorBoard.
+
+    Each single-number entry becomes a scalar tagged with its bare name (`loss`,
+    `accuracy`, `accuracy_test`) at step `elapsed.steps` (the loop's elapsed before
+    the batch, as in `History`). Values are read lagged: a row is written once the
+    device has computed it, never making the host wait during training. At the end
+    of the loop (normally, on Ctrl-C or on an error) every remaining row is written
+    and the event file is closed (tensorboardX's `flush()` does not drain its queue,
+    `close()` does), so what was committed to the history is on disk when the loop
+    returns.
+
+    In `ciclo.train_loop(callbacks=[tb])` it runs on `on_train_batch_end`, after the
+    epoch end; in `ciclo.loop` spread it last, `{..., **ciclo.tensorboard(d)}`, or
+    give it any schedule. By hand: `tb(elapsed, logs)` per step, `tb.close()` at
+    the end. Needs `tensorboardX` (`pip install 'ciclo[tensorboard]'`).
+
+    Args:
+        logdir: the directory of the event files (created if needed).
+        hparams: optional hyperparameters (`{name: bool | str | float | int}`),
+            written with the final value of every scalar when the writer closes
+            (TensorBoard's HParams tab, run `logdir/hparams`).
+        collections: the collections written (default: losses, metrics,
+            stateful metrics).
+        max_pending: at most this many rows wait for the device.
+        **writer_kwargs: passed to `tensorboardX.SummaryWriter` (`flush_secs`, ...).
+
+    Raises:
+        ImportError: if tensorboardX is not installed ("install ciclo[tensorboard]").
+
+    Example:
+        >>> import os, tempfile, ciclo
+        >>> logdir = tempfile.mkdtemp()
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", 1.0 / (batch + 1)), state
+        >>> _ = ciclo.loop(
+        ...     None, range(3), {ciclo.every(1): train_step, **ciclo.tensorboard(logdir)})
+        >>> any(name.startswith("events.out.tfevents") for name in os.listdir(logdir))
+        True
+    """
+
+    def __init__(
+        self,
+        logdir: str | os.PathLike,
+        *,
+        hparams: Mapping[str, Any] | None = None,
+        collections: tuple[str, ...] = SHOWN_COLLECTIONS,
+        max_pending: int = 256,
+        **writer_kwargs: Any,
+    ):
+        try:
+            import tensorboardX
+        except ImportError:
+            raise missing("tensorboard", "tensorboardX", "tensorboard") from None
+        super().__init__(collections=collections, max_pending=max_pending)
+        if not isinstance(logdir, str | os.PathLike):
+            raise TypeError(f"`logdir` must be a path, got {logdir!r}.")
+        if hparams is not None and not isinstance(hparams, Mapping):
+            raise TypeError(f"`hparams` must be a dict, got {hparams!r}.")
+        self.logdir = os.fspath(logdir)
+        self.hparams = dict(hparams) if hparams else None
+        self._module = tensorboardX
+        self._kwargs = writer_kwargs
+        self._writer: Any = None
+        self._last: dict[str, float] = {}
+
+    def _write(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        if self._writer is None:
+            self._writer = self._module.SummaryWriter(self.logdir, **self._kwargs)
+        writer = self._writer
+        for row in rows:
+            for name, value in row.entries.items():
+                writer.add_scalar(name, value, global_step=row.steps)
+            self._last.update(row.entries)
+            self.rows_written += 1
+
+    def _close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        try:
+            if self.hparams:
+                writer.add_hparams(
+                    self.hparams,
+                    {f"hparams/{k}": float(v) for k, v in self._last.items()},
+                    name="hparams",
+                )
+        finally:
+            writer.close()

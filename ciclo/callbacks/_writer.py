@@ -1,0 +1,242 @@
+"""`Writer`: what the metric writers (`tensorboard`, `csv_logger`, `jsonl_logger`,
+`wandb_logger`) share.
+
+The protocol (loop element, self-registration on `on_train_batch_end`,
+`__loop_callback__`, `__loop_end__`, the by-hand call and `close()`), and the lagged
+reading: a row keeps references to the step's device values and is written once
+`LaggedQueue` finds them computed, so a writer never makes the host wait for the
+device during training. Subclasses only write: `_write(rows)` and `_close()`.
+
+Rows use the loop's `elapsed` BEFORE the batch, as `History` does, so a writer's
+rows equal the history's. The row of the current step is held back until the next
+call (or the loop's end), so that at the end it can be completed with what was
+committed after the writer ran: entries logged by callbacks after it in the last
+step, the logs of a batch cut by Ctrl-C, the logs of `on_end`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ciclo._time import Elapsed
+from ciclo.callbacks._base import LoopElement
+from ciclo.callbacks._lagged import SHOWN_COLLECTIONS, LaggedQueue
+
+__all__ = ["Row", "Writer", "host_scalar", "missing"]
+
+ELAPSED_COLUMNS = ("steps", "samples", "time")
+
+
+def missing(owner: str, module: str, extra: str) -> ImportError:
+    """The error of a callback whose optional dependency is not installed."""
+    return ImportError(
+        f"ciclo.{owner} needs the optional dependency {module!r}, which is not "
+        f"installed: install ciclo[{extra}] (pip install 'ciclo[{extra}]')."
+    )
+
+
+def host_scalar(value: Any) -> int | float | None:
+    """A host value as a Python int/float when it is a single number, else None."""
+    if isinstance(value, bool | np.bool_):
+        return int(value)
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, np.ndarray | np.generic) and value.size == 1:
+        kind = value.dtype.kind
+        if kind == "b":
+            return int(value.reshape(()))
+        if kind in "iu":
+            return int(value.reshape(()))
+        if kind == "f" or (kind == "V" and np.issubdtype(value.dtype, np.floating)):
+            return float(value.reshape(()))
+        try:  # ml_dtypes such as bfloat16
+            return float(value.reshape(()).astype(np.float32))
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _numeric(value: Any) -> bool:
+    """Cheap per-step filter: could `value` be a single number (no conversion)."""
+    if isinstance(value, bool | int | float | np.number | np.bool_):
+        return True
+    shape = getattr(value, "shape", None)
+    return shape is not None and int(np.prod(shape)) == 1
+
+
+class Row:
+    """One step: its elapsed fields and `{entry name: value}` (values may still be
+    on the device)."""
+
+    __slots__ = ("entries", "samples", "steps", "time")
+
+    def __init__(self, steps: int, samples: int, time: float, entries: dict):
+        self.steps, self.samples, self.time = steps, samples, time
+        self.entries = entries
+
+    @classmethod
+    def of(cls, elapsed: Any, entries: dict) -> Row:
+        return cls(
+            int(elapsed.steps), int(elapsed.samples), float(elapsed.time), entries
+        )
+
+
+class Writer(LoopElement):
+    """Base class of the metric writers.
+
+    Args:
+        collections: the collections whose single-number entries are written, by
+            bare entry name (a name in several of them is written once, with the
+            value of the last one listed).
+        max_pending: rows kept waiting for the device at most; past that a call
+            waits for the oldest (the device is that many steps behind).
+    """
+
+    def __init__(
+        self,
+        *,
+        collections: tuple[str, ...] = SHOWN_COLLECTIONS,
+        max_pending: int = 256,
+    ):
+        if isinstance(collections, str) or not all(
+            isinstance(c, str) for c in collections
+        ):
+            raise TypeError(
+                f"`collections` must be a tuple of collection names such as "
+                f"('losses', 'metrics'), got {collections!r}."
+            )
+        self.collections = tuple(collections)
+        self._queue = LaggedQueue(max_pending)
+        self._held: Row | None = None
+        self._mark: tuple[Any, int] | None = None  # (history, index of held row)
+        self.rows_written = 0
+
+    # -- registration -----------------------------------------------------------
+    @property
+    def on_train_batch_end(self) -> Writer:
+        """The writer itself: `train_loop(callbacks=[writer])` runs it after each
+        batch (after the epoch end, so the `_test` entries are in that row)."""
+        return self
+
+    @property
+    def on_test_batch_end(self) -> Writer:
+        """The writer itself, for `test_loop(callbacks=[writer])`."""
+        return self
+
+    # -- calling ------------------------------------------------------------------
+    def _entries(self, logs: Mapping[str, Mapping[str, Any]] | None) -> dict:
+        out: dict[str, Any] = {}
+        if not logs:
+            return out
+        for collection in self.collections:
+            entries = logs.get(collection)
+            if entries:
+                for name, value in entries.items():
+                    if _numeric(value):
+                        out[name] = value
+        return out
+
+    def __call__(
+        self,
+        elapsed: Elapsed,
+        logs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Writes one row by hand: `elapsed` as `ciclo.elapse` gave it with the
+        batch (the row's step, as in `History`), and that step's logs. Rows are
+        written lagged; call `close()` at the end to write the rest and close."""
+        entries = self._entries(logs)
+        if entries:
+            self._push(Row.of(elapsed, entries))
+        self._write_ready()
+
+    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+        if self._held is not None and self._held.entries:
+            self._push(self._held)
+        self._held = Row.of(loop_state.elapsed, self._entries(loop_state.logs))
+        self._mark = (loop_state.history, len(loop_state.history))
+        self._write_ready()
+        return None, None
+
+    def __loop_end__(self, loop_state: Any) -> None:
+        """Writes every remaining row (waiting for the device once) and closes, on
+        every exit path of the loop (its end, Ctrl-C, an error)."""
+        try:
+            for row in self._completed(loop_state):
+                if row.entries:
+                    self._push(row)
+        finally:
+            self._held = self._mark = None
+            self.close()
+
+    def _completed(self, loop_state: Any) -> list[Row]:
+        """The held row completed from the history, and the rows committed after
+        it at the end of the loop (a batch cut by Ctrl-C, `on_end`)."""
+        held, mark = self._held, self._mark
+        if held is None or mark is None:
+            return []
+        history, index = mark
+        if history is not loop_state.history or len(history) <= index:
+            return [held]
+        try:
+            tail = history[index:]  # one transfer, at the end
+        except Exception:  # a failed device value: keep what the writer saw
+            return [held]
+        rows = []
+        last = int(loop_state.elapsed.steps) - 1
+        for i, logs in enumerate(tail):
+            elapsed = logs.get("elapsed", {})
+            steps = int(elapsed.get("steps", -1))
+            if i == 0 and steps == held.steps:
+                held.entries.update(self._entries(logs))
+            elif steps > held.steps and steps >= last:
+                rows.append(
+                    Row(
+                        steps,
+                        int(elapsed.get("samples", 0)),
+                        float(elapsed.get("time", 0.0)),
+                        self._entries(logs),
+                    )
+                )
+        return [held, *rows]
+
+    def close(self) -> None:
+        """Writes every queued row (waiting for the device) and closes the output;
+        the next call opens it again (appending)."""
+        try:
+            self._write(self._host_rows(self._queue.drain()))
+        finally:
+            self._queue.clear()
+            self._close()
+
+    # -- internals ----------------------------------------------------------------
+    def _push(self, row: Row) -> None:
+        names = list(row.entries)
+        self._queue.push((row, names), [row.entries[n] for n in names])
+
+    def _write_ready(self) -> None:
+        if len(self._queue):
+            ready = self._queue.pop_ready()
+            if ready:
+                self._write(self._host_rows(ready))
+
+    @staticmethod
+    def _host_rows(items: list[tuple[Any, list[Any]]]) -> list[Row]:
+        rows = []
+        for (row, names), values in items:
+            entries = {}
+            for name, value in zip(names, values):
+                number = host_scalar(value)
+                if number is not None:
+                    entries[name] = number
+            rows.append(Row(row.steps, row.samples, row.time, entries))
+        return rows
+
+    # -- output (subclasses) --------------------------------------------------------
+    def _write(self, rows: list[Row]) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError

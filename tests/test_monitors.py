@@ -1,0 +1,155 @@
+"""Monitors: lr_monitor, nan_guard, profiler."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax.training.train_state import TrainState
+
+import ciclo
+
+SCHEDULE = optax.cosine_decay_schedule(0.1, decay_steps=8)
+
+
+def make_state(tx):
+    params = {"w": jnp.ones(3)}
+    return TrainState.create(apply_fn=None, params=params, tx=tx)
+
+
+@jax.jit
+def train_step(state, batch):
+    loss, grads = jax.value_and_grad(lambda p: jnp.sum((p["w"] * batch) ** 2))(
+        state.params
+    )
+    return ciclo.logs().add_loss("loss", loss), state.apply_gradients(grads=grads)
+
+
+def data(n):
+    return [np.ones(3, np.float32) for _ in range(n)]
+
+
+# -- lr_monitor ----------------------------------------------------------------------
+
+
+def test_lr_monitor_reads_inject_hyperparams_in_train_loop():
+    tx = optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.inject_hyperparams(optax.adam)(learning_rate=SCHEDULE),
+    )
+    monitor = ciclo.lr_monitor()
+    assert monitor.on_train_step is monitor
+    _, history, _ = ciclo.train_loop(
+        make_state(tx), data(8), {ciclo.on_train_step: train_step},
+        callbacks=[monitor], stop=8,
+    )  # fmt: skip
+    steps, lrs = history.collect("steps", "learning_rate")
+    np.testing.assert_allclose(lrs, [SCHEDULE(s) for s in steps], rtol=1e-6)
+
+
+def test_lr_monitor_from_a_schedule_in_loop_and_by_hand():
+    _, history, _ = ciclo.loop(
+        make_state(optax.sgd(SCHEDULE)),
+        data(5),
+        {ciclo.every(1): [train_step, ciclo.lr_monitor(SCHEDULE, name="lr")]},
+    )
+    np.testing.assert_allclose(history.collect("lr"), [SCHEDULE(s) for s in range(5)])
+    logs = ciclo.lr_monitor(SCHEDULE)(None, ciclo.Elapsed.create(steps=3))
+    assert float(logs.metrics.learning_rate) == pytest.approx(float(SCHEDULE(3)))
+
+
+def test_lr_monitor_without_injected_hyperparams_says_how_to_fix():
+    with pytest.raises(ValueError, match="inject_hyperparams"):
+        ciclo.loop(
+            make_state(optax.sgd(0.1)),
+            data(2),
+            {ciclo.every(1): [train_step, ciclo.lr_monitor()]},
+        )
+
+
+# -- nan_guard -----------------------------------------------------------------------
+
+
+def nan_at(bad_step):
+    @jax.jit
+    def step(state, batch):
+        loss = jnp.where(state == bad_step, jnp.nan, 1.0)
+        return ciclo.logs().add_loss("loss", loss).add_metric("m", 2.0), state + 1
+
+    return step
+
+
+def test_nan_guard_raises_naming_entry_and_step_and_writers_flush(tmp_path):
+    guard = ciclo.nan_guard(max_lag=0)  # synchronous: stops on the bad step
+    log = ciclo.jsonl_logger(tmp_path / "log.jsonl")
+    with pytest.raises(FloatingPointError, match=r"losses.loss is nan at step 4"):
+        ciclo.loop(0, data(20), {ciclo.every(1): [nan_at(4), log, guard]})
+    assert guard.found[:2] == (4, "losses.loss")
+    with open(tmp_path / "log.jsonl") as file:
+        assert len(file.readlines()) == 5  # steps 0..4, flushed despite the error
+
+
+def test_nan_guard_lag_bound_and_good_state():
+    guard = ciclo.nan_guard(action="warn", max_lag=3, keep_good_state=True)
+    with pytest.warns(RuntimeWarning, match=r"losses.loss is nan at step 5"):
+        state, history, elapsed = ciclo.train_loop(
+            jnp.int32(0), data(50), {ciclo.on_train_step: nan_at(5)},
+            callbacks=[guard],
+        )  # fmt: skip
+    # stops at most max_lag steps after the bad one; hands back the state after
+    # the last good step (4), whose counter is 5
+    assert 6 <= elapsed.steps <= 5 + 3 + 1
+    assert int(state) == 5 and int(guard.good_state) == 5
+
+
+def test_nan_guard_watches_grad_norm_and_only_what_is_asked():
+    def step(state, batch):
+        logs = ciclo.logs().add_loss("loss", 1.0)
+        logs.add_entry("diagnostics", "grad_norm", jnp.inf if state == 2 else 1.0)
+        logs.add_output("y", jnp.array([jnp.nan]))  # outputs are not watched
+        return logs, state + 1
+
+    with pytest.raises(FloatingPointError, match="diagnostics.grad_norm is inf"):
+        ciclo.loop(0, data(6), {ciclo.every(1): [step, ciclo.nan_guard()]})
+    guard = ciclo.nan_guard(watch="loss")
+    _, _, elapsed = ciclo.loop(0, data(6), {ciclo.every(1): [step, guard]})
+    assert elapsed.steps == 6 and guard.found is None
+
+
+def test_nan_guard_by_hand():
+    guard = ciclo.nan_guard()
+    assert guard(ciclo.Elapsed.create(), ciclo.logs().add_loss("loss", 1.0)) is False
+    with pytest.raises(FloatingPointError, match="at step 1"):
+        guard(ciclo.Elapsed.create(steps=1), ciclo.logs().add_metric("a", np.nan))
+
+
+# -- profiler ------------------------------------------------------------------------
+
+
+def test_profiler_traces_a_window_and_stops_at_loop_end(tmp_path):
+    prof = ciclo.profiler(tmp_path, start=2, steps=2)
+    assert prof.on_train_batch_begin is prof
+    ciclo.train_loop(
+        make_state(optax.sgd(0.1)), data(6), {ciclo.on_train_step: train_step},
+        callbacks=[prof],
+    )  # fmt: skip
+    assert prof.traced == (2, 4) and not prof.tracing
+    traces = [f for _, _, fs in os.walk(tmp_path) for f in fs if "trace" in f]
+    assert traces
+    # a loop ending inside the window stops the trace too
+    prof = ciclo.profiler(tmp_path / "b", start=1, steps=100)
+    ciclo.loop(0, data(3), {**prof, ciclo.every(1): lambda s: s + 1})
+    assert prof.traced == (1, 3) and not prof.tracing
+
+
+def test_monitor_public_names_and_arguments():
+    for name in ["lr_monitor", "nan_guard", "profiler"]:
+        assert name in ciclo.__all__ and name in ciclo.callbacks.__all__
+    with pytest.raises(ValueError, match="action"):
+        ciclo.nan_guard(action="ignore")
+    with pytest.raises(ValueError, match="steps"):
+        ciclo.profiler("x", steps=0)

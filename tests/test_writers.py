@@ -1,0 +1,270 @@
+"""Metric writers: tensorboard, csv_logger, jsonl_logger, wandb_logger."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+
+
+@jax.jit
+def train_step(state, batch):
+    loss = 1.0 / (state + 1.0)
+    logs = ciclo.logs().add_loss("loss", loss).add_metric("acc", state / 10.0)
+    return logs, state + 1.0
+
+
+def eval_step(state, batch):
+    return ciclo.logs().add_metric("acc", jnp.float32(0.5) + batch.sum() * 0)
+
+
+def batches(n, size=2):
+    return [np.ones((size,), np.float32) for _ in range(n)]
+
+
+def run_train_loop(*writers, n=6):
+    return ciclo.train_loop(
+        jnp.float32(0),
+        batches(n),
+        {ciclo.on_train_step: train_step, ciclo.on_test_step: eval_step},
+        callbacks=list(writers),
+        test_dataset=lambda: batches(2),
+        epoch_duration=3,
+        stop=n,
+    )
+
+
+def history_rows(history, *keys):
+    steps, *values = history.collect("steps", *keys)
+    return steps, values
+
+
+def read_csv(path):
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def read_jsonl(path):
+    with open(path) as file:
+        return [json.loads(line) for line in file]
+
+
+def test_csv_and_jsonl_rows_equal_history(tmp_path):
+    c = ciclo.csv_logger(tmp_path / "log.csv")
+    j = ciclo.jsonl_logger(tmp_path / "sub" / "log.jsonl")
+    _, history, _ = run_train_loop(c, j)
+    steps, (losses, samples) = history_rows(history, "loss", "samples")
+    rows = read_csv(tmp_path / "log.csv")
+    assert [int(r["steps"]) for r in rows] == steps == list(range(6))
+    assert [int(r["samples"]) for r in rows] == samples
+    np.testing.assert_allclose([float(r["loss"]) for r in rows], losses)
+    # the test entry appears after the first epoch: the header grew, rows kept
+    assert list(rows[0])[:3] == ["steps", "samples", "time"]
+    assert [r["acc_test"] for r in rows] == ["", "", "0.5", "", "", "0.5"]
+    lines = read_jsonl(tmp_path / "sub" / "log.jsonl")
+    assert [r["steps"] for r in lines] == steps
+    np.testing.assert_allclose([r["loss"] for r in lines], losses)
+    assert [r.get("acc_test") for r in lines] == [None, None, 0.5, None, None, 0.5]
+    times = history.collect("time")
+    np.testing.assert_allclose([r["time"] for r in lines], times)
+
+
+def test_tensorboard_event_file_holds_tags_steps_and_last_values(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+    )
+
+    tb = ciclo.tensorboard(tmp_path, hparams={"lr": 0.1})
+    assert tb.on_train_batch_end is tb
+    _, history, _ = run_train_loop(tb)
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert {"loss", "acc", "acc_test"} <= set(events.Tags()["scalars"])
+    loss = events.Scalars("loss")
+    assert [e.step for e in loss] == history.collect("steps")
+    assert loss[-1].value == pytest.approx(history.collect("loss")[-1])
+    assert [e.step for e in events.Scalars("acc_test")] == [2, 5]
+    assert (tmp_path / "hparams").is_dir()
+
+
+def test_writers_in_loop_under_a_schedule_and_by_hand(tmp_path):
+    j = ciclo.jsonl_logger(tmp_path / "a.jsonl")
+    ciclo.loop(
+        jnp.float32(0), batches(7), {ciclo.every(1): train_step, ciclo.every(3): j}
+    )
+    # steps 0, 3, 6 (the last batch also when off-schedule: it is the final row)
+    assert [r["steps"] for r in read_jsonl(tmp_path / "a.jsonl")] == [0, 3, 6]
+
+    by_hand = ciclo.csv_logger(tmp_path / "b.csv")
+    state = jnp.float32(0)
+    for elapsed, batch in ciclo.elapse(batches(3)):
+        logs, state = train_step(state, batch)
+        by_hand(elapsed, logs)
+    by_hand.close()
+    rows = read_csv(tmp_path / "b.csv")
+    assert [r["steps"] for r in rows] == ["0", "1", "2"]
+    assert [r["samples"] for r in rows] == ["0", "2", "4"]
+
+
+def test_writer_reads_lagged_without_syncing(tmp_path):
+    # With the values on the device, no transfer happens during the loop except of
+    # values already computed; transfer_guard forbids implicit ones.
+    j = ciclo.jsonl_logger(tmp_path / "log.jsonl")
+    with jax.transfer_guard_device_to_host("disallow"):
+        _, history, _ = ciclo.loop(
+            jnp.float32(0), batches(20), {ciclo.every(1): train_step, **j}
+        )
+    assert len(read_jsonl(tmp_path / "log.jsonl")) == 20
+
+
+def test_entries_logged_after_the_writer_and_by_on_end_are_written(tmp_path):
+    def late(state, batch):
+        return ciclo.logs().add_metric("late", 1.0)
+
+    def final(state):
+        return ciclo.logs().add_metric("final", 2.0)
+
+    j = ciclo.jsonl_logger(tmp_path / "log.jsonl")
+    _, history, _ = ciclo.loop(
+        jnp.float32(0),
+        batches(3),
+        {ciclo.every(1): [train_step, j, late]},
+        on_end=final,
+    )
+    rows = read_jsonl(tmp_path / "log.jsonl")
+    assert [r["steps"] for r in rows] == history.collect("steps") == [0, 1, 2, 3]
+    assert rows[2]["late"] == 1.0 and "late" not in rows[1]  # completed at the end
+    assert rows[3]["final"] == 2.0
+
+
+def test_csv_append_and_nonfinite_values(tmp_path):
+    path = tmp_path / "log.csv"
+    first = ciclo.csv_logger(path)
+    first(ciclo.Elapsed.create(), ciclo.logs().add_loss("loss", 1.0))
+    first.close()
+    second = ciclo.csv_logger(path, append=True)
+    logs = ciclo.logs().add_loss("loss", float("nan")).add_metric("new", 3)
+    second(ciclo.Elapsed.create(steps=1), logs)
+    second.close()
+    rows = read_csv(path)
+    assert rows[0]["loss"] == "1.0" and math.isnan(float(rows[1]["loss"]))
+    assert [r["new"] for r in rows] == ["", "3"]
+
+
+@pytest.mark.parametrize("name", ["tensorboard", "csv_logger", "jsonl_logger"])
+def test_writer_survives_ctrl_c_with_committed_rows_on_disk(tmp_path, name):
+    def interrupt(state, batch, elapsed):
+        if elapsed.steps == 4:
+            raise KeyboardInterrupt
+
+    path = tmp_path / ("tb" if name == "tensorboard" else "log")
+    writer = getattr(ciclo, name)(path)
+    # the interrupt comes after the writer in batch 4: its row is committed
+    _, history, elapsed = ciclo.loop(
+        jnp.float32(0), batches(10), {ciclo.every(1): [train_step, writer, interrupt]}
+    )
+    assert history.collect("steps") == [0, 1, 2, 3, 4]
+    if name == "tensorboard":
+        from tensorboard.backend.event_processing.event_accumulator import (
+            EventAccumulator,
+        )
+
+        events = EventAccumulator(str(path))
+        events.Reload()
+        assert [e.step for e in events.Scalars("loss")] == [0, 1, 2, 3, 4]
+    elif name == "csv_logger":
+        assert [r["steps"] for r in read_csv(path)] == ["0", "1", "2", "3", "4"]
+    else:
+        assert [r["steps"] for r in read_jsonl(path)] == [0, 1, 2, 3, 4]
+
+
+def test_writer_flushes_on_error(tmp_path):
+    def fail(state, batch, elapsed):
+        if elapsed.steps == 3:
+            raise RuntimeError("boom")
+
+    j = ciclo.jsonl_logger(tmp_path / "log.jsonl")
+    with pytest.raises(RuntimeError, match="boom"):
+        ciclo.loop(jnp.float32(0), batches(10), {ciclo.every(1): [train_step, j, fail]})
+    # step 3 never committed (the error), the rows before are on disk
+    assert [r["steps"] for r in read_jsonl(tmp_path / "log.jsonl")] == [0, 1, 2, 3]
+
+
+def test_writer_survives_sigint_in_a_subprocess(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import os, signal, ciclo
+        def step(state, batch, elapsed):
+            if elapsed.steps == 5:
+                os.kill(os.getpid(), signal.SIGINT)
+            return ciclo.logs().add_loss("loss", float(batch)), state
+        c = ciclo.csv_logger({str(tmp_path / "log.csv")!r})
+        _, history, _ = ciclo.loop(None, range(100), {{ciclo.every(1): [step, c]}})
+        print(len(history))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(ciclo.__file__))),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    committed = int(result.stdout.split()[-1])
+    rows = read_csv(tmp_path / "log.csv")
+    assert len(rows) == committed >= 5
+    assert [float(r["loss"]) for r in rows] == [float(i) for i in range(committed)]
+
+
+def test_wandb_offline_run_holds_the_logged_keys(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = ciclo.wandb_logger(project="ciclo-test")
+    _, history, _ = ciclo.loop(
+        jnp.float32(0), batches(4), {ciclo.every(1): train_step, **logger}
+    )
+    assert logger.rows_written == 4 and logger.run is None  # finished
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    # the offline run's log holds the history records with the logged keys
+    (record,) = runs[0].glob("run-*.wandb")
+    data = record.read_bytes()
+    for key in (b"loss", b"acc", b"samples", b"time"):
+        assert key in data
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "extra"),
+    [
+        ("tensorboard", "tensorboardX", "tensorboard"),
+        ("wandb_logger", "wandb", "wandb"),
+    ],
+)
+def test_missing_dependency_says_what_to_install(
+    monkeypatch, tmp_path, name, module, extra
+):
+    monkeypatch.setitem(sys.modules, module, None)
+    factory = getattr(ciclo, name)
+    args = (tmp_path,) if name == "tensorboard" else ()
+    with pytest.raises(ImportError, match=rf"install ciclo\[{extra}\]"):
+        factory(*args)
+
+
+def test_public_names():
+    for name in ["tensorboard", "csv_logger", "jsonl_logger", "wandb_logger"]:
+        assert name in ciclo.__all__ and name in ciclo.callbacks.__all__
+        assert getattr(ciclo.callbacks, name) is getattr(ciclo, name)
