@@ -115,7 +115,7 @@ def test_register_custom_strategy_is_used_by_managed_steps():
     compiled = []
 
     class Counting(ciclo.Strategy):
-        def compile(self, fn, *, donate=False):
+        def wrap(self, fn, *, donate=False):
             compiled.append((fn, donate))
             return jax.jit(fn)
 
