@@ -50,7 +50,7 @@ def unpack_batch(batch: Any) -> Batch:
             with both `"target"` and `"labels"`.
 
     Example:
-        >>> from ciclo.flax.batch import unpack_batch
+        >>> from ciclo._flax.batch import unpack_batch
         >>> b = unpack_batch({"inputs": 1, "labels": 2, "mask": 3})
         >>> b.inputs, b.target, dict(b.extras)
         (1, 2, {'mask': 3})

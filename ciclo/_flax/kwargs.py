@@ -12,12 +12,9 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ciclo._callback import describe as _describe
+
 __all__ = ["KeywordCall"]
-
-
-def _describe(fn: Any) -> str:
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-    return name if name else repr(fn)
 
 
 class KeywordCall:
@@ -34,7 +31,7 @@ class KeywordCall:
             has positional-only parameters without defaults (ciclo passes by name).
 
     Example:
-        >>> from ciclo.flax.kwargs import KeywordCall
+        >>> from ciclo._flax.kwargs import KeywordCall
         >>> call = KeywordCall("loss", "mse", lambda preds, target: (preds - target) ** 2)
         >>> call({"preds": 3.0, "target": 1.0, "inputs": None})
         4.0

@@ -26,7 +26,7 @@ def as_key(key: Any) -> jax.Array:
         TypeError: for anything else.
 
     Example:
-        >>> from ciclo.flax.options import as_key
+        >>> from ciclo._flax.options import as_key
         >>> as_key(3).shape
         ()
     """
@@ -73,7 +73,7 @@ def mode_kwargs(
         `(train_kwargs, eval_kwargs)` as dicts.
 
     Example:
-        >>> from ciclo.flax.options import mode_kwargs
+        >>> from ciclo._flax.options import mode_kwargs
         >>> mode_kwargs(lambda x, training=False: x, None, None)
         ({'training': True}, {'training': False})
     """
