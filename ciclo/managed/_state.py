@@ -80,7 +80,8 @@ class ManagedState(train_state.TrainState):
     A field holding a stateful metric (a `clu.metrics.Metric`, anything with
     `merge`) accumulates it: when a managed step logs a stateful metric of the
     same name, the metric is merged into the field and the accumulated value is
-    logged. Reset it by replacing the field (e.g. with `Metric.empty()`).
+    logged. Reset it by replacing the field with an empty metric placed for the
+    strategy: `ciclo.get_strategy(state.strategy).place_state(Metric.empty())`.
 
     Attributes:
         strategy: the registered name of the strategy (static, not a pytree leaf).
