@@ -172,6 +172,42 @@ out["small"] = {
     "mean": np.asarray(small_logs.outputs.mean),
 }
 
+
+# 7. a stateful metric held in the state accumulates across batches and devices;
+# grad_norm is the norm of the averaged gradients; lift_batch_size
+class Tracked(managed.ManagedState):
+    accuracy: clu_metrics.Accuracy
+
+
+@managed.train_step(log_grad_norm=True)
+def tracked_step(state, batch):
+    x, y = batch
+    logits = m.apply(state.params, x)
+    loss = m.optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    logs = ciclo.logs().add_loss("loss", loss)
+    logs.add_metric("batch_accuracy", jnp.mean(jnp.argmax(logits, -1) == y))
+    return logs.add_stateful_metric(
+        "accuracy", clu_metrics.Accuracy.from_model_output(logits=logits, labels=y)
+    )
+
+
+accumulated = {}
+for name in ["jit", "data_parallel", "sharded"]:
+    state = Tracked.create(
+        params=m.init_params(),
+        tx=m.optax.sgd(0.1),
+        strategy=name,
+        accuracy=clu_metrics.Accuracy.empty(),
+    )
+    _, history, _ = ciclo.loop(state, data, {**tracked_step})
+    accumulated[name] = {
+        "accuracy": [float(v) for v in history.collect("accuracy")],
+        "grad_norm": [float(v) for v in history.collect("grad_norm")],
+        "batch": [float(v) for v in history.collect("batch_accuracy")],
+        "lift": ciclo.get_strategy(name).lift_batch_size(8),
+    }
+out["accumulated"] = accumulated
+
 with open(sys.argv[1], "wb") as f:
     pickle.dump(out, f)
 print("ok")

@@ -25,6 +25,10 @@ def _env() -> dict:
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = "cpu"
+    # the workers import the ciclo of this checkout, not an installed one
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE.parent), *filter(None, [env.get("PYTHONPATH")])]
+    )
     return env
 
 

@@ -12,9 +12,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("[0-9][0-9]_*.py"))
 
 
+def _env(**extra: str) -> dict:
+    """The environment of a subprocess that imports the ciclo of this checkout."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs(path, tmp_path):
-    env = dict(os.environ, CICLO_EXAMPLE_STEPS="30", CICLO_EXAMPLE_DIR=str(tmp_path))
+    env = _env(CICLO_EXAMPLE_STEPS="30", CICLO_EXAMPLE_DIR=str(tmp_path))
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     result = subprocess.run(
         [sys.executable, str(path)],
@@ -34,6 +40,7 @@ def test_readme_loop_language_snippet_runs(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", code + "\nassert len(losses) == 200, len(losses)\n"],
         cwd=tmp_path,
+        env=_env(),
         capture_output=True,
         text=True,
         timeout=120,

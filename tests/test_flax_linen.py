@@ -229,7 +229,10 @@ def test_data_parallel_equals_jit_on_4_devices():
         "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
         " --xla_cpu_multi_thread_eigen=false"
     )
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    # the worker imports the ciclo of this checkout, not an installed one
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=path)
     worker = os.path.join(os.path.dirname(__file__), "_flax_worker.py")
     done = subprocess.run(
         [sys.executable, worker], env=env, capture_output=True, text=True, timeout=300

@@ -12,7 +12,7 @@ from clu import metrics as clu_metrics
 
 import ciclo
 from ciclo import managed
-from ciclo._strategies import Jit as _Jit
+from ciclo._strategies import Jit as _Jit  # the registered "jit" class
 
 
 def scalar_state(strategy: str = "jit", value: float = 0.0) -> managed.ManagedState:
@@ -219,11 +219,11 @@ def count_compiles(fn) -> int:
     return len(events)
 
 
-def test_data_parallel_placement_compiles_once_not_per_from_host():
+def test_data_parallel_placement_compiles_once_not_per_place_state():
     strategy = ciclo.get_strategy("data_parallel")
     host = m.create("jit")
-    strategy.from_host(host)  # the first placement of this structure compiles
-    assert count_compiles(lambda: [strategy.from_host(host) for _ in range(3)]) == 0
+    strategy.place_state(host)  # the first placement of this structure compiles
+    assert count_compiles(lambda: [strategy.place_state(host) for _ in range(3)]) == 0
 
 
 @pytest.mark.parametrize("name", ["jit_donate", "data_parallel_donate"])

@@ -115,7 +115,7 @@ def test_register_custom_strategy_is_used_by_managed_steps():
     compiled = []
 
     class Counting(ciclo.Strategy):
-        def compile(self, fn, *, donate=False):
+        def wrap(self, fn, *, donate=False):
             compiled.append((fn, donate))
             return jax.jit(fn)
 
@@ -156,3 +156,21 @@ def test_data_parallel_small_two_argument_step_and_log_reductions(results):
     # per-device counts of x > 2 in [0 1 | 2 3 | 4 5 | 6 7]: 0, 1, 2, 2
     assert small["above_2"] == pytest.approx(1.25)
     assert small["mean"].shape == () and float(small["mean"]) == pytest.approx(3.5)
+
+
+def test_stateful_metric_field_accumulates_and_grad_norm_under_every_strategy(results):
+    acc = results["accumulated"]
+    for name in ["data_parallel", "sharded"]:
+        np.testing.assert_allclose(acc[name]["accuracy"], acc["jit"]["accuracy"])
+        np.testing.assert_allclose(
+            acc[name]["grad_norm"], acc["jit"]["grad_norm"], rtol=1e-5
+        )
+    # accumulated since the start, not per batch (equal batch sizes: the running
+    # mean of the per-batch accuracies)
+    for name in ["jit", "data_parallel", "sharded"]:
+        batch = np.asarray(acc[name]["batch"])
+        expected = np.cumsum(batch) / np.arange(1, len(batch) + 1)
+        assert len(batch) == 4
+        np.testing.assert_allclose(acc[name]["accuracy"], expected, rtol=1e-6)
+    assert acc["jit"]["lift"] == 8
+    assert acc["data_parallel"]["lift"] == acc["sharded"]["lift"] == 32

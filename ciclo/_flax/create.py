@@ -7,6 +7,7 @@ from typing import Any
 
 import optax
 
+from ciclo._callback import arity
 from ciclo._flax.state import FlaxState
 
 __all__ = ["create_flax_state"]
@@ -30,6 +31,8 @@ def create_flax_state(
     mutable_eval: bool | Sequence[str] | None = None,
     rngs_train: Sequence[str] | None = None,
     rngs_eval: Sequence[str] | None = None,
+    log_grad_norm: bool = False,
+    grads_fn: Callable[..., Any] | None = None,
 ) -> FlaxState:
     """Creates a `FlaxState` that trains `module` with `losses` and `metrics`.
 
@@ -49,6 +52,12 @@ def create_flax_state(
     (weighted by `sample_weight` unless the loss takes it). Values the module
     sows into the `losses` / `metrics` collections are logged too; sown losses are
     added to the loss that is minimised.
+
+    Each loss also gets a running mean, the stateful metric `avg_<name>` (the
+    mean of the per-step values since the last `reset_step`, as in Ciclo 0.1), so
+    `history.collect("avg_loss")` works after `train_loop`; a metric you name
+    `avg_<name>` yourself replaces it. Linen modules: losses sown when the module
+    is initialised get one too (NNX: only the configured losses).
 
     Args:
         module: a `flax.linen.Module` or a `flax.nnx.Module`.
@@ -73,13 +82,21 @@ def create_flax_state(
         rngs_train / rngs_eval: (Linen) the RNG streams given to the call;
             default `("dropout",)` in training, none in eval. (NNX modules use
             their own `nnx.Rngs`, re-keyed every train step.)
+        log_grad_norm: log the gradients' global norm (`optax.tree.norm`) in
+            each train step as the metric `grad_norm`.
+        grads_fn: `grads_fn(grads)` or `grads_fn(grads, state)` -> logs or None,
+            called inside each train step with the gradients (averaged across
+            devices) and the state before the update; its logs are added to the
+            step's, e.g. `lambda grads: ciclo.logs().add_metric("g", ...)`.
 
     Returns:
         A `FlaxState` placed for `strategy`.
 
     Raises:
         TypeError: for a module that is neither Linen nor NNX, a missing `tx`,
-            or a Linen-only option given with an NNX module.
+            a Linen-only option given with an NNX module, a non-bool
+            `log_grad_norm`, or a `grads_fn` that is not a function of one or
+            two positional parameters.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax, flax.linen as nn
@@ -88,8 +105,24 @@ def create_flax_state(
         ...     losses={"loss": lambda preds, target: jnp.mean((preds - target) ** 2)})
         >>> state.strategy, state.params["kernel"].shape
         ('jit', (64, 10))
+        >>> logs, state = state.train_step((jnp.ones((2, 64)), jnp.zeros((2, 10))))
+        >>> sorted(logs.stateful_metrics)
+        ['avg_loss']
     """
     from flax import linen, nnx
+
+    if not isinstance(log_grad_norm, bool):
+        raise TypeError(
+            f"create_flax_state: log_grad_norm must be True or False, got "
+            f"{log_grad_norm!r}."
+        )
+    if grads_fn is not None:
+        if not callable(grads_fn):
+            raise TypeError(
+                f"create_flax_state: grads_fn must be a function (grads[, state]) "
+                f"-> logs_or_None, got {type(grads_fn).__name__}: {grads_fn!r:.100}."
+            )
+        arity(grads_fn, "create_flax_state(grads_fn=...)", most=2)
 
     linen_options = dict(
         mutable_train=mutable_train,
@@ -105,6 +138,8 @@ def create_flax_state(
         method=method,
         train_kwargs=train_kwargs,
         eval_kwargs=eval_kwargs,
+        log_grad_norm=log_grad_norm,
+        grads_fn=grads_fn,
     )
     if isinstance(module, nnx.Module):
         from ciclo._flax.nnx import create_nnx_state

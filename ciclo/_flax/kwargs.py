@@ -12,12 +12,9 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ciclo._callback import describe as _describe
+
 __all__ = ["KeywordCall"]
-
-
-def _describe(fn: Any) -> str:
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-    return name if name else repr(fn)
 
 
 class KeywordCall:

@@ -122,6 +122,8 @@ def create_linen_state(
     method: str | Callable[..., Any] = "__call__",
     train_kwargs: Mapping[str, Any] | None = None,
     eval_kwargs: Mapping[str, Any] | None = None,
+    log_grad_norm: bool = False,
+    grads_fn: Callable[..., Any] | None = None,
     mutable_train: bool | Sequence[str] = True,
     mutable_eval: bool | Sequence[str] = False,
     rngs_train: Sequence[str] = ("dropout",),
@@ -166,6 +168,7 @@ def create_linen_state(
     init_rngs = dict(zip(streams, jax.random.split(init_key, len(streams))))
     init = jax.jit(functools.partial(module.init, method=method, **eval_kw))
     variables = dict(init(init_rngs, inputs))
+    sown_losses = tuple(path[-1] for path in _flat(variables.get("losses", {})))
     params = variables.pop("params", {})
     batch_stats = variables.pop("batch_stats", {})
     collections = {c: v for c, v in variables.items() if c not in _NOT_PERSISTED}
@@ -180,7 +183,7 @@ def create_linen_state(
         rngs_train=rngs_train,
         rngs_eval=rngs_eval,
     )
-    objectives = Objectives(losses, metrics)
+    objectives = Objectives(losses, metrics, sown_losses)
     return FlaxState.create(
         apply_fn=module.apply,
         params=params,
@@ -190,5 +193,10 @@ def create_linen_state(
         collections=collections,
         key=state_key,
         metric_states=objectives.empty_states(),
-        config=FlaxConfig(model=model, objectives=objectives),
+        config=FlaxConfig(
+            model=model,
+            objectives=objectives,
+            log_grad_norm=log_grad_norm,
+            grads_fn=grads_fn,
+        ),
     )

@@ -108,6 +108,8 @@ def create_nnx_state(
     method: str = "__call__",
     train_kwargs: Mapping[str, Any] | None = None,
     eval_kwargs: Mapping[str, Any] | None = None,
+    log_grad_norm: bool = False,
+    grads_fn: Callable[..., Any] | None = None,
 ) -> FlaxState:
     """Splits an already-built NNX module into a `FlaxState`.
 
@@ -153,5 +155,10 @@ def create_nnx_state(
         collections=collections,
         key=as_key(key),
         metric_states=objectives.empty_states(),
-        config=FlaxConfig(model=model, objectives=objectives),
+        config=FlaxConfig(
+            model=model,
+            objectives=objectives,
+            log_grad_norm=log_grad_norm,
+            grads_fn=grads_fn,
+        ),
     )

@@ -5,19 +5,56 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+from flax import struct
 
 from ciclo._flax.kwargs import KeywordCall
 from ciclo._logs import Logs
 from ciclo._strategies.base import is_stateful_metric
 
-__all__ = ["RESERVED", "Objectives", "is_metric_class", "reduce_sown"]
+__all__ = ["RESERVED", "Objectives", "RunningMean", "is_metric_class", "reduce_sown"]
 
 # Names every loss/metric can ask for; a loss or metric may not take one of them.
 RESERVED = frozenset(
     {"preds", "target", "inputs", "params", "batch_stats", "sample_weight", "key"}
     | {"logits", "labels", "mask"}
 )
+
+
+@struct.dataclass
+class RunningMean:
+    """The unweighted mean of the values merged since `empty()` (a stateful
+    metric: `merge`, `reduce`, `compute`, like `clu.metrics.Average`).
+
+    Example:
+        >>> from ciclo._flax.objectives import RunningMean
+        >>> m = RunningMean.empty().merge(RunningMean.of(1.0)).merge(RunningMean.of(2.0))
+        >>> float(m.compute())
+        1.5
+    """
+
+    total: jax.Array
+    count: jax.Array
+
+    @classmethod
+    def empty(cls) -> RunningMean:
+        return cls(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+
+    @classmethod
+    def of(cls, value: Any) -> RunningMean:
+        """One value (a scalar), counted once."""
+        return cls(jnp.asarray(value, jnp.float32), jnp.ones((), jnp.int32))
+
+    def merge(self, other: RunningMean) -> RunningMean:
+        return type(self)(self.total + other.total, self.count + other.count)
+
+    def reduce(self) -> RunningMean:
+        """Merges along the leading (device) axis."""
+        return type(self)(self.total.sum(0), self.count.sum(0))
+
+    def compute(self) -> jax.Array:
+        return self.total / jnp.maximum(self.count, 1)
 
 
 def is_metric_class(obj: Any) -> bool:
@@ -97,6 +134,11 @@ class Objectives:
         losses: name -> callable returning a scalar or per-sample values.
         metrics: name -> callable (per batch), or a stateful metric class
             (`clu.metrics.Metric` subclass) accumulated until `reset_step`.
+        sown_losses: the names of losses the module sows (known at creation).
+
+    Each loss (configured or sown) also gets a running mean `avg_<name>`, a
+    stateful metric accumulated like the others (per step, unweighted) and reset
+    by `reset_step`, unless a configured metric already has that name.
 
     Raises:
         TypeError: for a non-callable, a metric instance instead of its class,
@@ -115,9 +157,16 @@ class Objectives:
         self,
         losses: Mapping[str, Callable[..., Any]] | None,
         metrics: Mapping[str, Any] | None,
+        sown_losses: tuple[str, ...] = (),
     ):
         losses, metrics = losses or {}, metrics or {}
         _check_names(losses, metrics)
+        # loss name -> its running mean's name
+        self.averages = {
+            name: f"avg_{name}"
+            for name in dict.fromkeys([*losses, *sown_losses])
+            if f"avg_{name}" not in metrics and f"avg_{name}" not in losses
+        }
         self.losses = tuple(KeywordCall("loss", n, f) for n, f in losses.items())
         stateless, stateful = [], []
         for name, metric in metrics.items():
@@ -137,7 +186,9 @@ class Objectives:
 
     def empty_states(self) -> dict[str, Any]:
         """A fresh (`Metric.empty()`) state for every stateful metric."""
-        return {name: cls.empty() for name, cls, _ in self.stateful}
+        states = {name: cls.empty() for name, cls, _ in self.stateful}
+        states.update({avg: RunningMean.empty() for avg in self.averages.values()})
+        return states
 
     def evaluate(
         self,
@@ -169,6 +220,7 @@ class Objectives:
             logs.add_loss(call.name, value)
             available[call.name] = value
         self._add_sown(logs, available, sown_losses, "losses")
+        losses = logs.get("losses", {})
         for call in self.metrics:
             logs.add_metric(call.name, _reduce(call(available), call, weight))
         self._add_sown(logs, available, sown_metrics, "metrics")
@@ -176,11 +228,16 @@ class Objectives:
         for name, _, call in self.stateful:
             states[name] = states[name].merge(call(available))
             logs.add_stateful_metric(name, states[name])
+        for loss, avg in self.averages.items():
+            if loss in losses and avg in states:
+                states[avg] = states[avg].merge(RunningMean.of(losses[loss]))
+                logs.add_stateful_metric(avg, states[avg])
         return logs, states
 
     def _add_sown(self, logs, available, values, collection) -> None:
         configured = {c.name for c in self.losses + self.metrics}
         configured |= {name for name, _, _ in self.stateful}
+        configured |= set(self.averages.values())
         for name, value in values.items():
             if name in configured or name in RESERVED:
                 raise ValueError(

@@ -4,7 +4,7 @@ The steps are managed steps (`ciclo.managed`), so they run under the state's
 strategy; as methods of the class they self-register in `ciclo.train_loop`,
 `test_loop` and `predict_loop`, and `logs, state = state.train_step(batch)` works by
 hand. What differs between Flax Linen and Flax NNX lives in the model adapter
-(`ciclo.flax.linen.LinenModel`, `ciclo.flax.nnx.NNXModel`) held in `state.config`.
+(`ciclo._flax.linen.LinenModel`, `ciclo._flax.nnx.NNXModel`) held in `state.config`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import dataclasses
 from typing import Any, NamedTuple, Protocol
 
 import jax
+import optax
 from flax import struct
 
 from ciclo import managed
+from ciclo._callback import describe, inject
 from ciclo._flax.batch import unpack_batch
 from ciclo._flax.objectives import RESERVED, Objectives
 from ciclo._logs import Logs
@@ -49,10 +51,15 @@ class FlaxConfig:
     Attributes:
         model: the adapter that runs the Linen or NNX model.
         objectives: the losses and metrics.
+        log_grad_norm: log the gradients' global norm as the metric `grad_norm`.
+        grads_fn: `grads_fn(grads[, state]) -> logs or None`, called in each
+            train step with the gradients; its logs are added to the step's.
     """
 
     model: ModelAdapter
     objectives: Objectives
+    log_grad_norm: bool = False
+    grads_fn: Any = None
 
 
 def _step_keys(state: FlaxState, training: bool, elapsed: Any) -> tuple[Any, Any]:
@@ -147,6 +154,24 @@ def _predict(state: FlaxState, batch: Any, elapsed: Any) -> tuple[Logs, FlaxStat
     return logs, state
 
 
+def _grads(grads: Any, state: FlaxState) -> Logs | None:
+    """The train step's `grads_fn`: what `log_grad_norm` / `grads_fn` ask for."""
+    config = state.config
+    logs = Logs()
+    if config.log_grad_norm:
+        logs.add_metric("grad_norm", optax.tree.norm(grads))
+    if config.grads_fn is not None:
+        extra = inject(config.grads_fn, grads, state)
+        if extra is not None:
+            if not isinstance(extra, dict):
+                raise TypeError(
+                    f"grads_fn {describe(config.grads_fn)} returned a "
+                    f"{type(extra).__name__}; expected logs (ciclo.logs()) or None."
+                )
+            logs.merge(extra)
+    return logs
+
+
 class FlaxState(managed.ManagedState):
     """A managed state for a Flax Linen or NNX model, its losses and metrics.
 
@@ -164,8 +189,11 @@ class FlaxState(managed.ManagedState):
             included).
         key: a `jax.random.key`; each train step folds `step` into it, so dropout
             gets a fresh, reproducible key every step.
-        metric_states: the accumulated stateful metrics (`clu.metrics.Metric`).
-        config: static: the model adapter and the losses/metrics.
+        metric_states: the accumulated stateful metrics (`clu.metrics.Metric`
+            classes given in `metrics`, and the `avg_<loss>` running mean of each
+            loss), emptied by `reset_step`.
+        config: static: the model adapter, the losses/metrics and the gradient
+            options.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax, flax.linen as nn
@@ -173,8 +201,8 @@ class FlaxState(managed.ManagedState):
         ...     nn.Dense(1), jnp.ones((4, 2)), optax.sgd(0.1),
         ...     losses={"mse": lambda preds, target: ((preds - target) ** 2).mean()})
         >>> logs, state = state.train_step((jnp.ones((4, 2)), jnp.zeros((4, 1))))
-        >>> sorted(logs.losses), int(state.step)
-        (['mse'], 1)
+        >>> sorted(logs.losses), sorted(logs.stateful_metrics), int(state.step)
+        (['mse'], ['avg_mse'], 1)
     """
 
     batch_stats: Any
@@ -183,23 +211,25 @@ class FlaxState(managed.ManagedState):
     metric_states: Any
     config: FlaxConfig = struct.field(pytree_node=False)
 
-    train_step = managed.train_step(_train)
+    train_step = managed.train_step(_train, grads_fn=_grads)
     test_step = managed.step(_test)
     predict_step = managed.step(_predict)
 
     def reset_step(self) -> FlaxState:
-        """Returns the state with every stateful metric emptied (`Metric.empty()`).
+        """Returns the state with every stateful metric emptied (`Metric.empty()`),
+        the `avg_<loss>` running means included.
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax, flax.linen as nn
             >>> state = ciclo.create_flax_state(nn.Dense(1), jnp.ones((1, 2)),
-            ...     optax.sgd(0.1))
-            >>> state.reset_step().metric_states
-            {}
+            ...     optax.sgd(0.1), losses={"loss": lambda preds: (preds**2).mean()})
+            >>> _, state = state.train_step(jnp.ones((1, 2)))
+            >>> int(state.reset_step().metric_states["avg_loss"].count)
+            0
         """
         strategy = get_strategy(self.strategy)
         empty = self.config.objectives.empty_states()
-        return self.replace(metric_states=strategy.from_host(empty))
+        return self.replace(metric_states=strategy.place_state(empty))
 
     @property
     def model(self) -> Any:

@@ -2,34 +2,33 @@
 
 Built-in names: `"eager"`, `"jit"`, `"jit_donate"`, `"data_parallel"`,
 `"data_parallel_donate"` and `"sharded"` (`"-"` works as `"_"`). Add your own with
-`register_strategy(name, strategy)`.
+`register_strategy(name, strategy)`. The protocol is documented in
+`ciclo._strategies.base`.
 """
 
-from ciclo._strategies.base import (
-    Strategy,
-    compute_stateful_metrics,
-    is_stateful_metric,
-)
+from ciclo._strategies.base import Collectives, Strategy, is_stateful_metric
 from ciclo._strategies.data_parallel import DataParallel
 from ciclo._strategies.eager import Eager
 from ciclo._strategies.jit import Jit
 from ciclo._strategies.registry import (
     get_strategy,
     register_strategy,
+    registered_name,
     registered_strategies,
 )
 from ciclo._strategies.sharded import Sharded
 
 __all__ = [
+    "Collectives",
     "DataParallel",
     "Eager",
     "Jit",
     "Sharded",
     "Strategy",
-    "compute_stateful_metrics",
     "get_strategy",
     "is_stateful_metric",
     "register_strategy",
+    "registered_name",
     "registered_strategies",
 ]
 

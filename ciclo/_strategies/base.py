@@ -1,11 +1,24 @@
-"""The `Strategy` protocol: how a managed step is placed, compiled and reduced.
+"""The `Strategy` protocol: where a managed step's data lives and how it is run.
 
-A strategy moves a state onto its devices (`from_host`) and back (`to_host`), places
-each batch (`lift_batch`), compiles a step `fn(state, batch, elapsed) -> (logs,
-state)` (`compile`), averages trees across devices inside the compiled step (`mean`,
-used for gradients and batch statistics), reduces the logs inside it (`reduce_logs`)
-and finishes them after the call (`lower_logs`). Strategies act per log collection,
-never per entry name. Subclass `Strategy` and override what differs.
+A strategy does four things, and never looks at log names:
+
+- `place_state(state)`: moves a host (single-device) state to the strategy's
+  devices (replicated, sharded, ...); `to_host(state)` brings it back.
+- `place_batch(batch)`: places one batch (split or sharded across devices).
+- `wrap(fn, *, donate)`: turns `fn(state, batch, elapsed) -> (logs, state)` into
+  the function that runs it (compiled, mapped over devices, ...). Every leaf of the
+  logs it returns must be readable by the calling process.
+
+Collectives happen inside the step through `strategy.collectives` (a
+`Collectives`: `mean`, `merge` and `concat` across the devices the step runs on;
+the identity when the step is one program over the whole batch). The managed steps
+decide which one each log collection gets (losses and metrics: `mean`; stateful
+metrics: `merge`, then `.compute()`; outputs: `concat`) and that gradients and
+`batch_stats` are averaged; a strategy only says how to do it on its devices.
+
+`lift_batch_size(batch_size)` gives the global batch size for a per-device one.
+Subclass `Strategy` and override what differs; register it with
+`ciclo.register_strategy`.
 """
 
 from __future__ import annotations
@@ -17,17 +30,53 @@ import jax
 
 from ciclo._logs import Logs
 
-__all__ = ["Strategy", "compute_stateful_metrics", "is_stateful_metric"]
+__all__ = ["Collectives", "Strategy", "is_stateful_metric", "tree_is_key"]
 
 Step = Callable[[Any, Any, Any], tuple[Logs, Any]]
 
 
+class Collectives:
+    """Cross-device operations a step calls inside `Strategy.wrap` (here: identity).
+
+    The base class is right for any strategy that runs a step as one program over
+    the whole batch (`eager`, `jit`, `sharded`): there is nothing to combine.
+    `axis_name` is the mapped axis of the step (None when there is none), for
+    code that needs its own collectives (e.g. `nn.BatchNorm(axis_name=...)`).
+
+    Example:
+        >>> from ciclo._strategies.base import Collectives
+        >>> Collectives().mean({"g": 1.0})
+        {'g': 1.0}
+    """
+
+    axis_name: str | None = None
+
+    def mean(self, tree: Any) -> Any:
+        """Averages every leaf of `tree` across devices."""
+        return tree
+
+    def merge(self, metric: Any) -> Any:
+        """Merges a stateful metric (anything with `merge`/`reduce`) across devices."""
+        return metric
+
+    def concat(self, tree: Any) -> Any:
+        """Concatenates every leaf across devices along its first axis (per-sample
+        values), so the result holds the rows of the whole batch."""
+        return tree
+
+
 class Strategy:
-    """Base strategy: one device, no compilation; every hook is the identity.
+    """How a managed step runs: one device, no compilation; every hook the identity.
+
+    Args:
+        name: a default name (used by `ManagedState.create(strategy=obj)` when the
+            object is not registered yet). Optional.
+        donate: whether training steps donate the incoming state's buffers.
 
     Attributes:
-        name: the name it is registered under.
-        donate: whether training steps donate the incoming state's buffers.
+        name: the name given (never changed by `register_strategy`).
+        donate: see above.
+        collectives: the `Collectives` a step uses inside `wrap`.
         max_in_flight: at most this many calls of one managed step may be queued
             on the devices before the next call waits for the oldest (None: no
             bound). A bound keeps async dispatch's overlap while capping the memory
@@ -35,26 +84,31 @@ class Strategy:
 
     Example:
         >>> import ciclo, jax
-        >>> class Traced(ciclo.Strategy):
-        ...     def compile(self, fn, *, donate=False):
-        ...         return jax.jit(fn)
-        >>> ciclo.register_strategy("my_jit", Traced("my_jit"), overwrite=True)
-        >>> ciclo.get_strategy("my_jit").name
-        'my_jit'
+        >>> class MyJit(ciclo.Strategy):
+        ...     def wrap(self, fn, *, donate=False):
+        ...         return jax.jit(fn, donate_argnums=(0,) if donate else ())
+        >>> ciclo.register_strategy("my_jit", MyJit(), overwrite=True)
+        >>> ciclo.get_strategy("my_jit")
+        MyJit()
     """
 
-    def __init__(self, name: str, *, donate: bool = False):
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"A strategy name must be a non-empty str, got {name!r}.")
+    collectives: Collectives = Collectives()
+    max_in_flight: int | None = None
+
+    def __init__(self, name: str | None = None, *, donate: bool = False):
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(
+                f"A strategy name must be a non-empty str or None, got {name!r}; "
+                f"e.g. Strategy('my_strategy')."
+            )
         self.name = name
         self.donate = donate
 
-    max_in_flight: int | None = None
-
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r})"
+        name = "" if self.name is None else repr(self.name)
+        return f"{type(self).__name__}({name})"
 
-    def from_host(self, state: Any) -> Any:
+    def place_state(self, state: Any) -> Any:
         """Places a host (single-device) state for this strategy."""
         return state
 
@@ -62,34 +116,30 @@ class Strategy:
         """Brings a state of this strategy back to a single local device."""
         return state
 
-    def lift_batch(self, batch: Any) -> Any:
-        """Places a batch (split or shard it across devices)."""
+    def place_batch(self, batch: Any) -> Any:
+        """Places a batch (e.g. splits or shards it across devices)."""
         return batch
 
-    def compile(self, fn: Step, *, donate: bool = False) -> Step:
-        """Returns the compiled `fn(state, batch, elapsed) -> (logs, state)`.
+    def wrap(self, fn: Step, *, donate: bool = False) -> Step:
+        """Returns the function that runs `fn(state, batch, elapsed) -> (logs,
+        state)` under this strategy.
 
         `donate` is True for training steps of a donating strategy: the incoming
         state's buffers may be reused. Evaluation steps (`managed.step`) are never
-        compiled with donation, since their input state is usually kept (a test
-        loop inside `train_loop` discards the state it ran on).
+        wrapped with donation, since their input state is usually kept. `batch`
+        and `elapsed` may be None.
         """
         return fn
 
-    def mean(self, tree: Any) -> Any:
-        """Inside the compiled step: averages `tree` across devices."""
-        return tree
+    def lift_batch_size(self, batch_size: int) -> int:
+        """The global batch size when each device gets `batch_size` samples.
 
-    def reduce_logs(self, logs: Logs) -> Logs:
-        """Inside the compiled step: reduces logs across devices.
-
-        The default replaces stateful metrics by their computed value.
+        Example:
+            >>> import ciclo
+            >>> ciclo.get_strategy("jit").lift_batch_size(32)
+            32
         """
-        return compute_stateful_metrics(logs)
-
-    def lower_logs(self, logs: Logs) -> Logs:
-        """After the compiled call: gives the logs their single-host form."""
-        return logs
+        return batch_size
 
 
 def is_stateful_metric(value: Any) -> bool:
@@ -102,26 +152,6 @@ def is_stateful_metric(value: Any) -> bool:
     return all(
         callable(getattr(value, m, None)) for m in ("merge", "reduce", "compute")
     )
-
-
-def compute_stateful_metrics(
-    logs: Logs, merge: Callable[[Any], Any] | None = None
-) -> Logs:
-    """Replaces every stateful-metric entry by its `.compute()` value.
-
-    Args:
-        logs: the logs of a step.
-        merge: applied to each metric object first (e.g. merging across devices).
-
-    Returns:
-        New `Logs` holding arrays only.
-    """
-    out = Logs()
-    for collection, name, value in logs.entries():
-        if is_stateful_metric(value):
-            value = (merge(value) if merge is not None else value).compute()
-        out.add_entry(collection, name, value)
-    return out
 
 
 def tree_is_key(x: Any) -> bool:

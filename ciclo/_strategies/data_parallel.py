@@ -9,19 +9,18 @@ import einop
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ciclo._logs import OUTPUTS, Logs
 from ciclo._strategies.base import (
+    Collectives,
     Step,
     Strategy,
-    compute_stateful_metrics,
     is_stateful_metric,
     tree_is_key,
 )
 
-__all__ = ["DataParallel", "split_batch"]
+__all__ = ["DataParallel", "MappedCollectives", "split_batch"]
 
 
 def split_batch(batch: Any, devices: int, strategy: str) -> Any:
@@ -50,28 +49,39 @@ def split_batch(batch: Any, devices: int, strategy: str) -> Any:
     return jax.tree.map(split, batch)
 
 
-def _merge_across(axis: str):
-    def merge(metric: Any) -> Any:
-        return jax.lax.all_gather(metric, axis).reduce()
-
-    return merge
-
-
-def _first(logs: Logs) -> Logs:
-    """Device 0's value of every entry (inputs already on device 0: no collective)."""
-    return jax.tree.map(lambda x: x[0], logs)
-
-
-def _concatenate(logs: Logs) -> Logs:
-    """`(devices, b, ...) -> (devices * b, ...)`, each device keeping its rows."""
-    return jax.tree.map(lambda x: einop.einop(x, "d b ... -> (d b) ..."), logs)
-
-
-def _average(value: jax.Array, axis: str) -> jax.Array:
+def _average(value: Any, axis: str) -> jax.Array:
     """`pmean` of any dtype: integers and booleans are averaged as float32."""
+    value = jnp.asarray(value)
     if not jnp.issubdtype(value.dtype, jnp.inexact):
         value = value.astype(jnp.float32)
     return jax.lax.pmean(value, axis)
+
+
+def _gather(value: Any, axis: str) -> jax.Array:
+    value = jnp.asarray(value)
+    return jax.lax.all_gather(value, axis, tiled=value.ndim > 0)
+
+
+class MappedCollectives(Collectives):
+    """Collectives over a named mapped axis (`pmap`'s `axis_name`).
+
+    Example:
+        >>> from ciclo._strategies.data_parallel import MappedCollectives
+        >>> MappedCollectives("device").axis_name
+        'device'
+    """
+
+    def __init__(self, axis_name: str):
+        self.axis_name = axis_name
+
+    def mean(self, tree: Any) -> Any:
+        return jax.tree.map(partial(_average, axis=self.axis_name), tree)
+
+    def merge(self, metric: Any) -> Any:
+        return jax.lax.all_gather(metric, self.axis_name).reduce()
+
+    def concat(self, tree: Any) -> Any:
+        return jax.tree.map(partial(_gather, axis=self.axis_name), tree)
 
 
 @jax.jit
@@ -110,19 +120,16 @@ class DataParallel(Strategy):
     key, device `i` gets `jax.random.fold_in(key, i)`. Legacy raw `uint32` keys
     (`jax.random.PRNGKey`) are plain arrays and are NOT split: every device draws
     the same numbers (use `jax.random.key`). Each batch is split on its first axis
-    with einop; gradients and `batch_stats` are averaged with `pmean`.
-
-    Logs come back with losses, metrics and every other collection averaged across
-    devices, whatever their dtype (integers and booleans as float32; a per-device
-    sum comes back as the average of the devices' sums, not the total), stateful
-    metrics merged, and outputs with a batch axis concatenated (0-d outputs are
-    averaged like metrics).
+    with einop. Inside the step, `collectives` work over the axis `"device"`
+    (`pmean`, `all_gather`); what the step returns as logs must be the same on
+    every device (the managed steps make it so) and comes back once.
 
     Under `data_parallel` every state array has a leading device axis;
     `state.with_strategy("jit")` takes device 0's copy (so a PRNG key round-trips).
     Stateful metrics held in the state (`clu.metrics.Metric`) start on device 0
     (the other devices empty), accumulate per device, and are merged across
-    devices by `with_strategy`.
+    devices by `with_strategy`. The mesh and shardings are built once, on first
+    use.
 
     Example:
         >>> import ciclo
@@ -134,23 +141,28 @@ class DataParallel(Strategy):
 
     def __init__(self, name: str = "data_parallel", *, donate: bool = False):
         super().__init__(name, donate=donate)
-        self._first = jax.jit(_first)
-        self._concatenate: Any = None
+        self.collectives = MappedCollectives(self.axis)
+        self._devices: list[jax.Device] | None = None
+        self._data: NamedSharding | None = None  # batch axis split over devices
         self._place: Any = None  # the jitted replication, built once
 
     @property
     def devices(self) -> list[jax.Device]:
         """The devices used: the local ones (read when first needed)."""
-        return jax.local_devices()
+        if self._devices is None:
+            self._devices = jax.local_devices()
+        return self._devices
 
     def _sharding(self) -> NamedSharding:
-        return NamedSharding(Mesh(np.array(self.devices), (self.axis,)), P(self.axis))
+        if self._data is None:
+            mesh = jax.sharding.Mesh(np.array(self.devices), (self.axis,))
+            self._data = NamedSharding(mesh, P(self.axis))
+        return self._data
 
-    def from_host(self, state: Any) -> Any:
+    def place_state(self, state: Any) -> Any:
         sharding = self._sharding()
         if self._place is None:  # one compiled call for the whole state
-            n = len(self.devices)
-            replicate = partial(_replicate, n)
+            replicate = partial(_replicate, len(self.devices))
             self._place = jax.jit(
                 partial(jax.tree.map, replicate, is_leaf=is_stateful_metric),
                 out_shardings=sharding,
@@ -168,53 +180,45 @@ class DataParallel(Strategy):
 
         return jax.tree.map(unreplicate, state, is_leaf=is_stateful_metric)
 
-    def lift_batch(self, batch: Any) -> Any:
+    def place_batch(self, batch: Any) -> Any:
+        if batch is None:
+            return None
         split = split_batch(batch, len(self.devices), self.name)
         return jax.device_put(split, self._sharding())
 
-    def compile(self, fn: Step, *, donate: bool = False) -> Step:
+    def lift_batch_size(self, batch_size: int) -> int:
+        """Each local device gets `batch_size` samples: `batch_size * devices`.
+
+        Example:
+            >>> import ciclo, jax
+            >>> strategy = ciclo.get_strategy("data_parallel")
+            >>> strategy.lift_batch_size(8) == 8 * jax.local_device_count()
+            True
+        """
+        return batch_size * len(self.devices)
+
+    def wrap(self, fn: Step, *, donate: bool = False) -> Step:
         donated = (0,) if donate else ()
-        with_elapsed = jax.pmap(
-            fn, axis_name=self.axis, in_axes=(0, 0, None), donate_argnums=donated
+        pmap = partial(
+            jax.pmap, axis_name=self.axis, out_axes=(None, 0), donate_argnums=donated
         )
-        # no `None` argument through pmap: it misaligns pmap's argument shardings
-        # in JAX 0.10 when the state and batch have few leaves
-        without = jax.pmap(
-            lambda state, batch: fn(state, batch, None),
-            axis_name=self.axis,
-            in_axes=(0, 0),
-            donate_argnums=donated,
-        )
+        # no `None` argument through pmap (it misaligns pmap's argument shardings
+        # in JAX 0.10 when the state and batch have few leaves): one mapped
+        # function per combination of missing arguments, built when first needed
+        builders = {
+            (True, True): lambda: pmap(fn, in_axes=(0, 0, None)),
+            (True, False): lambda: pmap(lambda s, b: fn(s, b, None), in_axes=(0, 0)),
+            (False, True): lambda: pmap(lambda s, e: fn(s, None, e), in_axes=(0, None)),
+            (False, False): lambda: pmap(lambda s: fn(s, None, None), in_axes=(0,)),
+        }
+        mapped: dict[tuple[bool, bool], Any] = {}
 
         def run(state: Any, batch: Any, elapsed: Any) -> Any:
-            if elapsed is None:
-                return without(state, batch)
-            return with_elapsed(state, batch, elapsed)
+            key = (batch is not None, elapsed is not None)
+            f = mapped.get(key)
+            if f is None:
+                f = mapped[key] = builders[key]()
+            args = [a for a in (batch, elapsed) if a is not None]
+            return f(state, *args)
 
         return run
-
-    def mean(self, tree: Any) -> Any:
-        return jax.lax.pmean(tree, self.axis)
-
-    def reduce_logs(self, logs: Logs) -> Logs:
-        logs = compute_stateful_metrics(logs, merge=_merge_across(self.axis))
-        out = Logs()
-        for collection, name, value in logs.entries():
-            value = jnp.asarray(value)
-            if collection != OUTPUTS or value.ndim == 0:
-                value = _average(value, self.axis)
-            out.add_entry(collection, name, value)
-        return out
-
-    def lower_logs(self, logs: Logs) -> Logs:
-        if not logs:
-            return logs
-        reduced, outputs = Logs(), Logs()
-        for collection, name, x in logs.entries():
-            if collection == OUTPUTS and x.ndim >= 2:
-                outputs.add_entry(collection, name, x)
-            else:  # averaged inside the step: identical on every device
-                reduced.add_entry(collection, name, x.addressable_data(0))
-        if self._concatenate is None:
-            self._concatenate = jax.jit(_concatenate, out_shardings=self._sharding())
-        return self._first(reduced).merge(self._concatenate(outputs))

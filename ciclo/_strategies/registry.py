@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ciclo._strategies.base import Strategy
 
-__all__ = ["get_strategy", "register_strategy", "registered_strategies"]
+__all__ = [
+    "get_strategy",
+    "register_strategy",
+    "registered_name",
+    "registered_strategies",
+]
 
 _REGISTRY: dict[str, Strategy] = {}
-_METHODS = ("from_host", "to_host", "lift_batch", "compile", "mean")
-_METHODS += ("reduce_logs", "lower_logs")
+METHODS = ("place_state", "place_batch", "wrap", "to_host")
 
 
 def _normalize(name: str) -> str:
@@ -18,45 +24,61 @@ def _normalize(name: str) -> str:
 def register_strategy(
     name: str, strategy: Strategy, *, overwrite: bool = False
 ) -> None:
-    """Registers `strategy` under `name` (for `ManagedState.create(strategy=name)`).
+    """Registers `strategy` under `name`, for `ManagedState.create(strategy=name)`.
+
+    The object is stored as given: its own `name` attribute is not changed, so one
+    strategy object may be registered under several names.
 
     Args:
         name: the name (`"-"` and `"_"` are interchangeable).
-        strategy: an object with the `Strategy` methods (usually a subclass
-            instance); its `name` attribute is set to `name`.
-        overwrite: replace a strategy already registered under `name`.
+        strategy: a `Strategy` (usually a subclass instance), or any object with
+            its methods `place_state`, `place_batch`, `wrap` and `to_host`.
+        overwrite: replace a different strategy already registered under `name`.
 
     Raises:
-        ValueError: if `name` is taken and `overwrite` is False.
-        TypeError: if `strategy` lacks a `Strategy` method.
+        TypeError: if `name` is not a non-empty str, or `strategy` lacks one of the
+            methods.
+        ValueError: if `name` is taken by another strategy and `overwrite` is False.
 
     Example:
         >>> import ciclo
-        >>> from ciclo import Strategy
-        >>> ciclo.register_strategy("debug", Strategy("debug"), overwrite=True)
-        >>> ciclo.get_strategy("debug")
-        Strategy('debug')
+        >>> debug = ciclo.Strategy("mine")
+        >>> ciclo.register_strategy("debug", debug, overwrite=True)
+        >>> ciclo.get_strategy("debug") is debug, debug.name
+        (True, 'mine')
     """
     if not isinstance(name, str) or not name:
-        raise TypeError(f"A strategy name must be a non-empty str, got {name!r}.")
-    missing = [m for m in _METHODS if not callable(getattr(strategy, m, None))]
+        raise TypeError(
+            f"register_strategy: the name must be a non-empty str, got {name!r}; "
+            f"e.g. register_strategy('my_strategy', MyStrategy())."
+        )
+    missing = [m for m in METHODS if not callable(getattr(strategy, m, None))]
     if missing:
         raise TypeError(
-            f"Cannot register {strategy!r} as strategy {name!r}: it lacks "
-            f"{missing}. Subclass ciclo.strategies.Strategy and override what differs."
+            f"Cannot register {strategy!r} ({type(strategy).__name__}) as strategy "
+            f"{name!r}: it lacks {missing}; a strategy needs {list(METHODS)}. "
+            f"Subclass ciclo.Strategy and override what differs."
         )
     key = _normalize(name)
     if key in _REGISTRY and not overwrite and _REGISTRY[key] is not strategy:
         raise ValueError(
             f"A strategy named {name!r} is already registered "
-            f"({_REGISTRY[key]!r}); pass overwrite=True to replace it."
+            f"({_REGISTRY[key]!r}); pass overwrite=True to replace it, or choose "
+            f"another name."
         )
-    strategy.name = key
     _REGISTRY[key] = strategy
 
 
 def get_strategy(name: str | Strategy) -> Strategy:
     """The strategy registered under `name` (a `Strategy` is returned as is).
+
+    Args:
+        name: a registered name (`"eager"`, `"jit"`, `"jit_donate"`,
+            `"data_parallel"`, `"data_parallel_donate"`, `"sharded"`, or one added
+            with `register_strategy`), or a `Strategy`.
+
+    Returns:
+        The `Strategy` object.
 
     Raises:
         ValueError: for an unknown name; the message lists the registered ones.
@@ -64,15 +86,15 @@ def get_strategy(name: str | Strategy) -> Strategy:
 
     Example:
         >>> import ciclo
-        >>> ciclo.get_strategy("jit").name
-        'jit'
+        >>> ciclo.get_strategy("data-parallel") is ciclo.get_strategy("data_parallel")
+        True
     """
     if isinstance(name, Strategy):
         return name
     if not isinstance(name, str):
         raise TypeError(
-            f"A strategy is given by name (a str such as 'jit'), got "
-            f"{type(name).__name__}: {name!r}."
+            f"get_strategy expects a strategy name (a str such as 'jit') or a "
+            f"ciclo.Strategy, got {type(name).__name__}: {name!r:.100}."
         )
     try:
         return _REGISTRY[_normalize(name)]
@@ -81,6 +103,14 @@ def get_strategy(name: str | Strategy) -> Strategy:
             f"Unknown strategy {name!r}; registered strategies: "
             f"{registered_strategies()}. Add one with ciclo.register_strategy."
         ) from None
+
+
+def registered_name(strategy: Any) -> str | None:
+    """The first name `strategy` (the object itself) is registered under, or None."""
+    for key, value in _REGISTRY.items():
+        if value is strategy:
+            return key
+    return None
 
 
 def registered_strategies() -> list[str]:

@@ -10,15 +10,46 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ciclo._logs import OUTPUTS, Logs
-from ciclo._strategies.base import (
-    Step,
-    Strategy,
-    compute_stateful_metrics,
-    tree_is_key,
-)
+from ciclo._strategies.base import Collectives, Step, Strategy, tree_is_key
 
-__all__ = ["Sharded"]
+__all__ = ["Sharded", "ShardedCollectives"]
+
+
+class ShardedCollectives(Collectives):
+    """One program over the global batch: nothing to combine, only to lay out.
+
+    `mean` and `merge` keep values replicated over the mesh (readable by every
+    process); `concat` keeps per-sample values sharded on the batch axis, so each
+    process gets back the rows of its local batch.
+    """
+
+    def __init__(self, strategy: Sharded):
+        self._strategy = strategy
+
+    def _constrain(self, tree: Any, spec: P) -> Any:
+        sharding = NamedSharding(self._strategy.mesh, spec)
+        return jax.tree.map(
+            lambda x: jax.lax.with_sharding_constraint(x, sharding), tree
+        )
+
+    def mean(self, tree: Any) -> Any:
+        return self._constrain(tree, P())
+
+    def merge(self, metric: Any) -> Any:
+        return self._constrain(metric, P())
+
+    def concat(self, tree: Any) -> Any:
+        n = jax.device_count()
+        axis = self._strategy.axis
+
+        def shard(x: Any) -> Any:
+            shape = np.shape(x)
+            spec = P(axis) if shape and shape[0] % n == 0 else P()
+            return jax.lax.with_sharding_constraint(
+                x, NamedSharding(self._strategy.mesh, spec)
+            )
+
+        return jax.tree.map(shard, tree)
 
 
 class Sharded(Strategy):
@@ -47,6 +78,7 @@ class Sharded(Strategy):
     def __init__(self, name: str = "sharded", *, donate: bool = False):
         super().__init__(name, donate=donate)
         self._mesh: Mesh | None = None
+        self.collectives = ShardedCollectives(self)
 
     @property
     def max_in_flight(self) -> int | None:
@@ -59,13 +91,13 @@ class Sharded(Strategy):
         """The 1-D mesh over all devices (built on first use, after
         `jax.distributed.initialize`)."""
         if self._mesh is None or self._mesh.devices.size != jax.device_count():
-            self._mesh = Mesh(np.array(jax.devices()), (self.axis,))
+            self._mesh = jax.sharding.Mesh(np.array(jax.devices()), (self.axis,))
+            self._replicated = NamedSharding(self._mesh, P())
+            self._data = NamedSharding(self._mesh, P(self.axis))
         return self._mesh
 
-    def _replicated(self) -> NamedSharding:
-        return NamedSharding(self.mesh, P())
-
-    def from_host(self, state: Any) -> Any:
+    def place_state(self, state: Any) -> Any:
+        replicated = NamedSharding(self.mesh, P())
         # typed PRNG keys can't be put on devices of other processes: put their
         # raw data (from the host) and wrap it again
         keys = jax.tree.map(tree_is_key, state)
@@ -76,7 +108,7 @@ class Sharded(Strategy):
         )
         # a donating strategy must not consume (or donate twice) the caller's arrays
         placed = jax.device_put(
-            raw, self._replicated(), may_alias=False if self.donate else None
+            raw, replicated, may_alias=False if self.donate else None
         )
         return jax.tree.map(
             lambda x, old, key: (
@@ -90,14 +122,15 @@ class Sharded(Strategy):
     def to_host(self, state: Any) -> Any:
         return jax.tree.map(_local_copy, state)
 
-    def lift_batch(self, batch: Any) -> Any:
+    def place_batch(self, batch: Any) -> Any:
+        self.mesh  # noqa: B018  (builds the shardings once)
         local = jax.local_device_count()
-        data = NamedSharding(self.mesh, P(self.axis))
+        replicated, data = self._replicated, self._data
 
         def shard(x: Any) -> Any:
             shape = np.shape(x)
             if not shape:
-                return jax.device_put(x, self._replicated())
+                return jax.device_put(x, replicated)
             if shape[0] % local:
                 where = (
                     f"{local} local devices ({jax.device_count()} devices in "
@@ -115,43 +148,41 @@ class Sharded(Strategy):
 
         return jax.tree.map(shard, batch)
 
-    def compile(self, fn: Step, *, donate: bool = False) -> Step:
-        replicated = self._replicated()
+    def lift_batch_size(self, batch_size: int) -> int:
+        """Each device gets `batch_size` samples: `batch_size * jax.device_count()`.
 
-        def run(state, batch, elapsed):
+        Example:
+            >>> import ciclo, jax
+            >>> ciclo.get_strategy("sharded").lift_batch_size(8) == 8 * jax.device_count()
+            True
+        """
+        return batch_size * jax.device_count()
+
+    def wrap(self, fn: Step, *, donate: bool = False) -> Step:
+        replicated = NamedSharding(self.mesh, P())
+
+        def step(state, batch, elapsed):
             logs, state = fn(state, batch, elapsed)
             return logs, jax.lax.with_sharding_constraint(state, replicated)
 
-        return jax.jit(run, donate_argnums=(0,) if donate else ())
-
-    def reduce_logs(self, logs: Logs) -> Logs:
-        logs = compute_stateful_metrics(logs)
-        n = jax.device_count()
-        out = Logs()
-        for collection, name, value in logs.entries():
-            shape = np.shape(value)
-            split = collection == OUTPUTS and shape and shape[0] % n == 0
-            spec = P(self.axis) if split else P()
-            value = jax.lax.with_sharding_constraint(
-                value, NamedSharding(self.mesh, spec)
-            )
-            out.add_entry(collection, name, value)
-        return out
-
-    def lower_logs(self, logs: Logs) -> Logs:
+        compiled = jax.jit(step, donate_argnums=(0,) if donate else ())
         if jax.process_count() == 1:
-            return logs
-        out = Logs()
-        for collection, name, x in logs.entries():
-            if not x.is_fully_addressable:
-                if x.is_fully_replicated:
-                    x = _local_copy(x)
-                else:
-                    x = multihost_utils.global_array_to_host_local_array(
-                        x, self.mesh, P(self.axis)
-                    )
-            out.add_entry(collection, name, x)
-        return out
+            return compiled
+
+        def run(state, batch, elapsed):
+            logs, state = compiled(state, batch, elapsed)
+            return jax.tree.map(self._readable, logs), state
+
+        return run
+
+    def _readable(self, x: Any) -> Any:
+        """A leaf as the calling process can read it (several processes)."""
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return x
+        if x.is_fully_replicated:
+            return _local_copy(x)
+        spec = getattr(x.sharding, "spec", P(self.axis))
+        return multihost_utils.global_array_to_host_local_array(x, self.mesh, spec)
 
 
 def _local_copy(x: Any) -> Any:

@@ -9,7 +9,7 @@ saved with a monitor carry orbax metrics `{"score", "value", "monitor", "mode"}`
 A managed state (one whose `strategy` attribute names a registered strategy, such
 as `ManagedState` / `FlaxState`) is saved in its single-device host layout
 (`strategy.to_host`) and restored into the host layout of the target, then placed
-with the target's strategy (`from_host`): a checkpoint moves freely between
+with the target's strategy (`place_state`): a checkpoint moves freely between
 strategies and device counts (e.g. saved under `data_parallel` on 8 devices,
 restored under `jit` on one).
 """
@@ -153,6 +153,6 @@ def restore_from(
     state = mngr.restore(step, args=ocp.args.Composite(state=state_args))["state"]
     state = state[0] if wrapped else state
     if strategy is not None:
-        state = strategy.from_host(state)
+        state = strategy.place_state(state)
     elapsed = Elapsed(int(e["steps"]), int(e["samples"]), e["date"], e["date_start"])
     return state, elapsed

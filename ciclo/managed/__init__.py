@@ -1,4 +1,4 @@
-"""The managed API: `ManagedState`, `train_step` and `step` (see `ciclo.strategies`)."""
+"""The managed API: `ManagedState`, `train_step` and `step` (see `ciclo.Strategy`)."""
 
 from ciclo.managed._state import ManagedState
 from ciclo.managed._steps import ManagedStep, step, train_step

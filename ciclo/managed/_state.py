@@ -10,30 +10,63 @@ from flax import struct
 from flax.training import train_state
 
 from ciclo._strategies.base import Strategy
-from ciclo._strategies.registry import get_strategy, register_strategy
+from ciclo._strategies.registry import (
+    get_strategy,
+    register_strategy,
+    registered_name,
+)
 
 __all__ = ["ManagedState"]
 
 
 def _public(strategy: Strategy) -> tuple[type, dict[str, Any]]:
-    attributes = {k: v for k, v in vars(strategy).items() if not k.startswith("_")}
+    attributes = {
+        k: v
+        for k, v in vars(strategy).items()
+        if not k.startswith("_") and k != "collectives"
+    }
     return type(strategy), attributes
 
 
-def _registered(name: str) -> Strategy | None:
+def resolve(strategy: str | Strategy) -> tuple[str, Strategy]:
+    """`(registered name, strategy)` for a name or a `Strategy` object.
+
+    A `Strategy` object already registered is used under its (first) registered
+    name; otherwise, when an equal one (same type and public attributes, e.g.
+    `Jit()` for `"jit"`) is registered under its `name`, that one is used; else it
+    is registered under its `name`.
+
+    Raises:
+        TypeError: for something that is neither a str nor a `Strategy`, or an
+            unregistered `Strategy` without a `name`.
+        ValueError: for an unknown name, or a `Strategy` whose name is taken by a
+            different one.
+    """
+    if isinstance(strategy, str):
+        get_strategy(strategy)  # raises for an unknown name
+        return strategy.replace("-", "_"), get_strategy(strategy)
+    if not isinstance(strategy, Strategy):
+        raise TypeError(
+            f"`strategy` must be a registered name (e.g. 'jit') or a "
+            f"ciclo.Strategy, got {type(strategy).__name__}: {strategy!r:.100}."
+        )
+    name = registered_name(strategy)
+    if name is not None:
+        return name, strategy
+    if strategy.name is None:
+        raise TypeError(
+            f"The strategy {strategy!r} is not registered and has no name; "
+            f"register it first with ciclo.register_strategy('my_name', strategy), "
+            f"or give it a name: {type(strategy).__name__}('my_name')."
+        )
     try:
-        return get_strategy(name)
+        registered = get_strategy(strategy.name)
     except ValueError:
-        return None
-
-
-def _strategy_name(strategy: str | Strategy) -> Strategy:
-    if isinstance(strategy, Strategy):
-        registered = _registered(strategy.name)
-        if registered is not None and _public(registered) == _public(strategy):
-            return registered  # the same one, or e.g. `Jit()` for "jit"
-        register_strategy(strategy.name, strategy)  # raises if the name is taken
-    return get_strategy(strategy)
+        registered = None
+    if registered is not None and _public(registered) == _public(strategy):
+        return strategy.name.replace("-", "_"), registered  # e.g. `Jit()` for "jit"
+    register_strategy(strategy.name, strategy)  # raises if the name is taken
+    return strategy.name.replace("-", "_"), strategy
 
 
 class ManagedState(train_state.TrainState):
@@ -43,6 +76,12 @@ class ManagedState(train_state.TrainState):
     array has a leading device axis (replicated, PRNG keys split per device), under
     `"sharded"` arrays are replicated over the mesh. `with_strategy("jit")` brings
     it back to one device (e.g. to read `params` or to checkpoint it).
+
+    A field holding a stateful metric (a `clu.metrics.Metric`, anything with
+    `merge`) accumulates it: when a managed step logs a stateful metric of the
+    same name, the metric is merged into the field and the accumulated value is
+    logged. Reset it by replacing the field with an empty metric placed for the
+    strategy: `ciclo.get_strategy(state.strategy).place_state(Metric.empty())`.
 
     Attributes:
         strategy: the registered name of the strategy (static, not a pytree leaf).
@@ -76,17 +115,19 @@ class ManagedState(train_state.TrainState):
             apply_fn: optional function stored with the state (e.g. `module.apply`).
             strategy: a registered strategy name (`"eager"`, `"jit"`,
                 `"jit_donate"`, `"data_parallel"`, `"data_parallel_donate"`,
-                `"sharded"`) or a `Strategy` object: registered under its name,
-                or, when an equal one (same type and public attributes, e.g.
-                `Jit()` for `"jit"`) is registered there, that one is used.
+                `"sharded"`) or a `Strategy` object: used under the name it is
+                registered with; if unregistered, registered under its `name`,
+                unless an equal one (same type and public attributes, e.g. `Jit()`
+                for `"jit"`) is registered there, which is then used.
             **fields: values for the fields that subclasses add.
 
         Returns:
-            The new state, placed by `strategy.from_host`.
+            The new state, placed by the strategy's `place_state`.
 
         Raises:
             ValueError: for an unknown strategy name (lists the registered ones),
                 or a `Strategy` object whose name is taken by a different one.
+            TypeError: for a `strategy` that is neither a name nor a `Strategy`.
 
         Example:
             >>> import jax.numpy as jnp, optax
@@ -95,11 +136,11 @@ class ManagedState(train_state.TrainState):
             >>> s.strategy
             'jit'
         """
-        chosen = _strategy_name(strategy)
+        name, chosen = resolve(strategy)
         state = super().create(
-            apply_fn=apply_fn, params=params, tx=tx, strategy=chosen.name, **fields
+            apply_fn=apply_fn, params=params, tx=tx, strategy=name, **fields
         )
-        return chosen.from_host(state)
+        return chosen.place_state(state)
 
     def apply_gradients(self, *, grads: Any, **kwargs: Any) -> ManagedState:
         """`TrainState.apply_gradients`, also for params that are not a dict.
@@ -130,6 +171,9 @@ class ManagedState(train_state.TrainState):
         Returns:
             The same values placed for `strategy`.
 
+        Raises:
+            ValueError / TypeError: as `create` for a bad `strategy`.
+
         Example:
             >>> import jax.numpy as jnp, optax
             >>> from ciclo import managed
@@ -137,9 +181,9 @@ class ManagedState(train_state.TrainState):
             >>> s.with_strategy("eager").strategy
             'eager'
         """
-        target = _strategy_name(strategy)
+        name, target = resolve(strategy)
         current = get_strategy(self.strategy)
         if target is current:
             return self
         host = current.to_host(self)
-        return target.from_host(host.replace(strategy=target.name))
+        return target.place_state(host.replace(strategy=name))

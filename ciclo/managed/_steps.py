@@ -1,62 +1,76 @@
-"""`managed.train_step` and `managed.step`: run a step under the state's strategy."""
+"""`managed.train_step` and `managed.step`: run a step under the state's strategy.
+
+A managed step is a callback like any other (`ciclo._callback`): its function takes
+`(state)`, `(state, batch)` or `(state, batch, elapsed)` and returns logs, a state,
+or `(logs, state)`. This module also declares how each log collection is reduced
+across the devices a strategy runs the step on (`REDUCTIONS`); strategies only
+provide the collectives.
+"""
 
 from __future__ import annotations
 
 import collections
 import functools
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 
-from ciclo._logs import LOSSES, Logs
-from ciclo._strategies.base import Strategy
+from ciclo._callback import arity, describe, inject, split_output
+from ciclo._logs import LOSSES, METRICS, OUTPUTS, STATEFUL_METRICS, Logs
+from ciclo._strategies.base import Collectives, Strategy, is_stateful_metric
 from ciclo._strategies.registry import get_strategy
+from ciclo.callbacks._base import LoopElement
 
-__all__ = ["ManagedStep", "step", "train_step"]
+__all__ = ["REDUCTIONS", "ManagedStep", "reduce_logs", "step", "train_step"]
 
-UserStep = Callable[..., tuple[Logs, Any]]
+UserStep = Callable[..., Any]
+GradsFn = Callable[..., Any]
 
-
-def _takes_elapsed(fn: Callable[..., Any]) -> bool:
-    """Whether `fn` declares a third positional parameter (or `*args`)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    count = 0
-    for p in parameters:
-        if p.kind == p.VAR_POSITIONAL:
-            return True
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            count += 1
-    return count >= 3
+# collection -> how its entries are combined across devices; any other collection
+# is averaged. Whatever the collection, a stateful metric (anything with `merge`)
+# is merged across devices and then computed; outputs without a batch axis (0-d)
+# are averaged.
+REDUCTIONS = {
+    LOSSES: "mean",
+    METRICS: "mean",
+    STATEFUL_METRICS: "merge",
+    OUTPUTS: "concat",
+}
 
 
-def _describe(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or repr(fn)
+def reduce_logs(logs: Logs, collectives: Collectives) -> Logs:
+    """Inside the step: each entry reduced across devices as `REDUCTIONS` says."""
+    out = Logs()
+    for collection, name, value in logs.entries():
+        if is_stateful_metric(value):
+            value = collectives.merge(value).compute()
+        elif REDUCTIONS.get(collection, "mean") == "concat" and jnp.ndim(value) > 0:
+            value = collectives.concat(value)
+        else:
+            value = collectives.mean(value)
+        out.add_entry(collection, name, value)
+    return out
 
 
-def _call_user(fn: UserStep, takes_elapsed: bool, state, batch, elapsed):
-    output = fn(state, batch, elapsed) if takes_elapsed else fn(state, batch)
-    if type(output) is not tuple or len(output) != 2:
-        raise TypeError(
-            f"Managed step {_describe(fn)} must return (logs, state); got "
-            f"{type(output).__name__}: {output!r:.200}."
-        )
-    logs, new_state = output
-    if logs is None:
-        logs = Logs()
-    elif not isinstance(logs, Logs):
-        if not isinstance(logs, Mapping):
-            raise TypeError(
-                f"Managed step {_describe(fn)} returned logs of type "
-                f"{type(logs).__name__}; expected a ciclo.Logs (ciclo.logs())."
-            )
-        logs = Logs(logs)
-    return logs, new_state
+def _accumulate(logs: Logs, state: Any) -> tuple[Logs, Any]:
+    """Merges each logged stateful metric into the state's field of the same name
+    (when the state has one holding a stateful metric); logs the accumulation."""
+    metrics = logs.get(STATEFUL_METRICS)
+    if not metrics:
+        return logs, state
+    updates = {}
+    for name, value in metrics.items():
+        held = getattr(state, name, None)
+        if is_stateful_metric(value) and is_stateful_metric(held):
+            updates[name] = held.merge(value)
+    if not updates:
+        return logs, state
+    logs = Logs(logs)
+    logs[STATEFUL_METRICS] = {**metrics, **updates}
+    return logs, state.replace(**updates)
 
 
 def _total_loss(logs: Logs, fn: UserStep) -> jax.Array:
@@ -65,50 +79,85 @@ def _total_loss(logs: Logs, fn: UserStep) -> jax.Array:
     if not losses:
         logged = [f"{c}.{n}" for c, n, _ in logs.entries()]
         raise ValueError(
-            f"managed.train_step {_describe(fn)} logged no loss (logged: {logged}); "
+            f"managed.train_step {describe(fn)} logged no loss (logged: {logged}); "
             f"add one with logs.add_loss('loss', value) so there is something to "
             f"differentiate."
         )
     total = 0.0
     for name, value in losses.items():
-        shape = getattr(value, "shape", ())
+        shape = jnp.shape(value)
         if shape != ():
             raise TypeError(
-                f"Loss 'losses.{name}' logged by {_describe(fn)} has shape {shape}; "
+                f"Loss 'losses.{name}' logged by {describe(fn)} has shape {shape}; "
                 f"losses must be scalars. Reduce it first, e.g. jnp.mean(...)."
             )
         total = total + value
     return jnp.asarray(total)
 
 
-class ManagedStep:
+class ManagedStep(LoopElement):
     """A step run under the state's strategy; build it with `train_step` or `step`.
 
-    Call it as `logs, state = f(state, batch)` or `f(state, batch, elapsed)`; in a
-    loop it receives `elapsed` too. Used as a method of a `ManagedState` subclass,
-    `state.f(batch)` works as well. The compiled function is cached per strategy.
+    Call it as `logs, state = f(state)`, `f(state, batch)` or
+    `f(state, batch, elapsed)` (the wrapped function gets the arguments it
+    declares). It always returns `(logs, state)`. In a loop it is a callback; as a
+    loop element, `{**f}` means `{ciclo.every(1): [f]}`. Used as a method of a
+    `ManagedState` subclass, `state.f(batch)` works as well. The compiled function
+    is cached per strategy.
     """
 
-    def __init__(self, fn: UserStep, *, grad: bool):
+    def __init__(
+        self,
+        fn: UserStep,
+        *,
+        grad: bool,
+        log_grad_norm: bool = False,
+        grads_fn: GradsFn | None = None,
+    ):
+        kind = "managed.train_step" if grad else "managed.step"
         if not callable(fn):
-            raise TypeError(f"managed steps decorate a function, got {fn!r}.")
+            raise TypeError(
+                f"{kind} decorates a function f(state[, batch[, elapsed]]), got "
+                f"{type(fn).__name__}: {fn!r:.100}."
+            )
+        n = arity(fn, kind, most=3)
+        if n == 0:
+            raise TypeError(
+                f"{kind} ({describe(fn)}) takes no arguments; a managed step takes "
+                f"(state), (state, batch) or (state, batch, elapsed)."
+            )
+        if not isinstance(log_grad_norm, bool):
+            raise TypeError(
+                f"{kind}: log_grad_norm must be True or False, got {log_grad_norm!r}."
+            )
+        if grads_fn is not None:
+            if not callable(grads_fn):
+                raise TypeError(
+                    f"{kind}: grads_fn must be a function (grads[, state]) -> "
+                    f"logs_or_None, got {type(grads_fn).__name__}: {grads_fn!r:.100}."
+                )
+            arity(grads_fn, f"{kind}(grads_fn=...)", most=2)
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.grad = grad
-        self._takes_elapsed = _takes_elapsed(fn)
+        self.log_grad_norm = log_grad_norm
+        self.grads_fn = grads_fn
+        self._arity = n
         self._compiled: dict[Strategy, Callable[..., Any]] = {}
         self._in_flight: collections.deque[jax.Array] = collections.deque()
 
     def __repr__(self) -> str:
         kind = "train_step" if self.grad else "step"
-        return f"managed.{kind}({_describe(self.fn)})"
+        return f"managed.{kind}({describe(self.fn)})"
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
             return self
         return functools.partial(self, obj)
 
-    def __call__(self, state: Any, batch: Any, elapsed: Any = None) -> tuple[Logs, Any]:
+    def __call__(
+        self, state: Any, batch: Any = None, elapsed: Any = None
+    ) -> tuple[Logs, Any]:
         name = getattr(state, "strategy", None)
         if not isinstance(name, str):
             raise TypeError(
@@ -119,15 +168,17 @@ class ManagedStep:
         strategy = get_strategy(name)
         compiled = self._compiled.get(strategy)
         if compiled is None:
-            compiled = self._compiled[strategy] = strategy.compile(
+            compiled = self._compiled[strategy] = strategy.wrap(
                 self._build(strategy), donate=strategy.donate and self.grad
             )
-        logs, state = compiled(
-            state, strategy.lift_batch(batch), elapsed if self._takes_elapsed else None
-        )
+        if self._arity < 2:
+            batch = None
+        if self._arity < 3:
+            elapsed = None
+        logs, state = compiled(state, strategy.place_batch(batch), elapsed)
         if strategy.max_in_flight is not None:
             self._bound_in_flight(strategy.max_in_flight, logs, state)
-        return strategy.lower_logs(logs), state
+        return logs, state
 
     def _bound_in_flight(self, limit: int, logs: Logs, state: Any) -> None:
         """Waits (without a transfer) for the call `limit` calls ago to finish."""
@@ -140,94 +191,175 @@ class ManagedStep:
         while len(self._in_flight) > limit:
             self._in_flight.popleft().block_until_ready()
 
+    def _call_user(self, state: Any, batch: Any, elapsed: Any) -> tuple[Logs, Any]:
+        fn = self.fn
+        output = fn(*(state, batch, elapsed)[: self._arity])
+        try:
+            logs, new_state = split_output(output, fn)
+        except TypeError as error:
+            raise TypeError(
+                f"Managed step {describe(fn)} must return (logs, state), logs or a "
+                f"state: {error}"
+            ) from None
+        if new_state is None:
+            new_state = state
+        elif not isinstance(getattr(new_state, "strategy", None), str):
+            raise TypeError(
+                f"Managed step {describe(fn)} returned a {type(new_state).__name__} "
+                f"where the state was expected; return logs (ciclo.logs()), the "
+                f"state, or (logs, state)."
+            )
+        if logs is None:
+            logs = Logs()
+        elif not isinstance(logs, Logs):
+            logs = Logs(logs)
+        return logs, new_state
+
+    def _grad_logs(self, grads: Any, state: Any) -> Logs:
+        logs = Logs()
+        if self.log_grad_norm:
+            logs.add_metric("grad_norm", optax.tree.norm(grads))
+        if self.grads_fn is not None:
+            extra = inject(self.grads_fn, grads, state)
+            if extra is not None:
+                if not isinstance(extra, Mapping):
+                    raise TypeError(
+                        f"grads_fn {describe(self.grads_fn)} returned a "
+                        f"{type(extra).__name__}; expected logs (ciclo.logs()) or "
+                        f"None."
+                    )
+                logs.merge(extra)
+        return logs
+
     def _build(self, strategy: Strategy) -> Callable[..., tuple[Logs, Any]]:
-        fn, takes_elapsed = self.fn, self._takes_elapsed
+        collectives = getattr(strategy, "collectives", None) or Collectives()
 
         if not self.grad:
 
             def run(state, batch, elapsed):
-                logs, state = _call_user(fn, takes_elapsed, state, batch, elapsed)
-                return strategy.reduce_logs(logs), state
+                logs, state = self._call_user(state, batch, elapsed)
+                logs, state = _accumulate(logs, state)
+                return reduce_logs(logs, collectives), state
 
             return run
 
         def train(state, batch, elapsed):
             def loss_fn(params):
-                logs, new_state = _call_user(
-                    fn, takes_elapsed, state.replace(params=params), batch, elapsed
+                logs, new_state = self._call_user(
+                    state.replace(params=params), batch, elapsed
                 )
-                return _total_loss(logs, fn), (logs, new_state)
+                return _total_loss(logs, self.fn), (logs, new_state)
 
             grads, (logs, new_state) = jax.grad(loss_fn, has_aux=True)(state.params)
-            grads = strategy.mean(grads)
+            grads = collectives.mean(grads)
             if getattr(new_state, "batch_stats", None) is not None:
                 new_state = new_state.replace(
-                    batch_stats=strategy.mean(new_state.batch_stats)
+                    batch_stats=collectives.mean(new_state.batch_stats)
                 )
+            if self.log_grad_norm or self.grads_fn is not None:
+                logs = Logs(logs).merge(self._grad_logs(grads, new_state))
+            logs, new_state = _accumulate(logs, new_state)
             new_state = new_state.apply_gradients(grads=grads)
-            return strategy.reduce_logs(logs), new_state
+            return reduce_logs(logs, collectives), new_state
 
         return train
 
 
-def train_step(fn: UserStep) -> ManagedStep:
-    """Decorates `fn(state, batch[, elapsed]) -> (logs, state)` into a training step.
+def train_step(
+    fn: UserStep | None = None,
+    *,
+    log_grad_norm: bool = False,
+    grads_fn: GradsFn | None = None,
+) -> Any:
+    """Makes `fn` a training step: ciclo differentiates its losses and applies them.
 
-    `fn` logs at least one scalar loss (`logs.add_loss(...)`); ciclo sums the
-    entries of `losses`, differentiates the sum w.r.t. `state.params` (`fn` runs on
-    `state.replace(params=...)`), averages the gradients (and a `batch_stats` field)
-    across devices as the strategy requires, and applies them with
-    `state.apply_gradients` to the state `fn` returned. Logs come back reduced by
-    the strategy: losses and metrics averaged, outputs concatenated.
+    `fn(state)`, `fn(state, batch)` or `fn(state, batch, elapsed)` returns logs, a
+    state, or `(logs, state)` (as any callback), with at least one scalar loss
+    (`logs.add_loss(...)`). ciclo sums the entries of `losses`, differentiates the
+    sum w.r.t. `state.params` (`fn` runs on `state.replace(params=...)`), averages
+    the gradients (and a `batch_stats` field) across devices as the strategy
+    requires, and applies them with `apply_gradients` to the state `fn` returned
+    (the state it got when it returned only logs).
+
+    Logs come back reduced across devices: losses and metrics averaged, stateful
+    metrics merged and computed, outputs concatenated. A stateful metric logged
+    under the name of a state field holding one is merged into that field first,
+    so the logged value is accumulated since the field was last reset.
+
+    Use it as `@managed.train_step` or with options,
+    `@managed.train_step(log_grad_norm=True)` / `managed.train_step(fn, ...)`.
 
     Args:
-        fn: the step, taking `(state, batch)` or `(state, batch, elapsed)`.
+        fn: the step.
+        log_grad_norm: also log the gradients' global norm
+            (`optax.tree.norm`, formerly `optax.global_norm`, after averaging
+            across devices) as the metric `grad_norm`.
+        grads_fn: `grads_fn(grads)` or `grads_fn(grads, state)` -> logs or None,
+            called inside the compiled step with the averaged gradients and the
+            state `fn` returned (before the update); the logs it returns are
+            added to the step's (e.g. per-layer norms). The step stays unchanged.
 
     Returns:
         A `ManagedStep` callable as `logs, state = step(state, batch[, elapsed])`,
-        usable as a `ciclo.loop` callback.
+        usable as a loop callback or spread with `**` into a task dict (or, with
+        `fn` omitted, a decorator that makes one).
 
     Raises:
+        TypeError: if `fn` or `grads_fn` is not a function of the right arity;
+            (when called) if a loss is not a scalar or the return value has the
+            wrong shape.
         ValueError: (when called) if `fn` logs no loss.
-        TypeError: (when called) if a loss is not a scalar.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
         >>> from ciclo import managed
-        >>> @managed.train_step
+        >>> @managed.train_step(log_grad_norm=True)
         ... def fit(state, batch):
-        ...     logs = ciclo.logs()
-        ...     logs.add_loss("mse", jnp.mean((state.params * batch - 1.0) ** 2))
-        ...     return logs, state
+        ...     return ciclo.logs().add_loss("mse", jnp.mean((state.params * batch - 1) ** 2))
         >>> state = managed.ManagedState.create(params=jnp.zeros(()), tx=optax.sgd(0.1))
         >>> logs, state = fit(state, jnp.ones(4))
-        >>> float(logs.losses.mse), int(state.step)
-        (1.0, 1)
+        >>> float(logs.losses.mse), float(logs.metrics.grad_norm), int(state.step)
+        (1.0, 2.0, 1)
     """
-    return ManagedStep(fn, grad=True)
+    if fn is None:
+        return functools.partial(
+            train_step, log_grad_norm=log_grad_norm, grads_fn=grads_fn
+        )
+    return ManagedStep(fn, grad=True, log_grad_norm=log_grad_norm, grads_fn=grads_fn)
 
 
 def step(fn: UserStep) -> ManagedStep:
-    """Decorates `fn(state, batch[, elapsed]) -> (logs, state)` to run under the
-    state's strategy without gradients (evaluation, prediction).
+    """Makes `fn` a step that runs under the state's strategy, without gradients
+    (evaluation, prediction, metric updates).
+
+    `fn` takes `(state)`, `(state, batch)` or `(state, batch, elapsed)` and returns
+    logs, a state, or `(logs, state)`. Logs are reduced across devices and
+    stateful metrics accumulated into state fields of the same name, as in
+    `train_step`. Never donates the state's buffers.
 
     Args:
-        fn: the step, taking `(state, batch)` or `(state, batch, elapsed)`.
+        fn: the step.
 
     Returns:
-        A `ManagedStep` callable as `logs, state = step(state, batch[, elapsed])`.
+        A `ManagedStep` callable as `logs, state = step(state, batch[, elapsed])`,
+        usable as a loop callback or spread with `**` into a task dict.
+
+    Raises:
+        TypeError: if `fn` is not a function of one to three positional
+            parameters; (when called) if its return value has the wrong shape.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
         >>> from ciclo import managed
         >>> @managed.step
         ... def evaluate(state, batch):
-        ...     logs = ciclo.logs()
-        ...     logs.add_metric("mean", jnp.mean(state.params * batch))
-        ...     return logs, state
+        ...     return ciclo.logs().add_metric("mean", jnp.mean(state.params * batch))
         >>> state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(0.1))
         >>> logs, _ = evaluate(state, jnp.arange(4.0))
         >>> float(logs.metrics.mean)
         1.5
+        >>> _, history, _ = ciclo.loop(state, [jnp.ones(2)] * 3, {**evaluate})
+        >>> history.collect("mean")
+        [1.0, 1.0, 1.0]
     """
     return ManagedStep(fn, grad=False)

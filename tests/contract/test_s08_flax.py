@@ -121,10 +121,6 @@ def test_reset_step_resets_clu_stateful_metrics(linen_state):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: create_flax_state does not add avg_<loss> stateful metrics",
-)
 def test_avg_loss_entries_are_logged_for_each_loss(linen_state):
     state = linen_state  # losses={"loss": ...}; no avg_loss metric given by the user
     l1, state = state.train_step(TRAIN[0])

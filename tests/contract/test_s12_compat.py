@@ -80,9 +80,6 @@ def _m(**values):
 # ------------------------------------------------------------------- managed steps
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: a managed step returning only Logs is rejected"
-)
 def test_managed_train_step_returning_logs_only():
     @managed.train_step
     def step(state, batch):
@@ -98,10 +95,6 @@ def test_managed_train_step_returning_logs_only():
     assert float(logs.losses.mse) == pytest.approx(4.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: managed steps always pass (state, batch), ignoring arity",
-)
 def test_managed_step_of_arity_one_returning_a_state():
     @managed.step
     def only_state(state):
@@ -111,9 +104,6 @@ def test_managed_step_of_arity_one_returning_a_state():
     assert int(s1.step) == 5
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: a managed step returning None is rejected"
-)
 def test_managed_step_with_elapsed_returning_none():
     @managed.step
     def returns_none(state, batch, elapsed):
@@ -124,10 +114,6 @@ def test_managed_step_with_elapsed_returning_none():
     assert int(s1.step) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: (logs, None) from a managed step returns state None",
-)
 def test_managed_step_returning_logs_and_none_state():
     @managed.step
     def tuple_none_state(state, batch):
@@ -139,9 +125,6 @@ def test_managed_step_returning_logs_and_none_state():
     assert float(logs.metrics.s) == 12.0
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: ManagedStep is not a loop element (** fails)"
-)
 def test_managed_steps_spread_with_double_star():
     @managed.train_step
     def step(state, batch):
@@ -162,10 +145,6 @@ class _MetricState(managed.ManagedState):
     mean_value: clu_metrics.Average = None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: stateful clu metrics logged by a managed step are not merged into the state",
-)
 def test_stateful_metrics_merged_into_the_state():
     @managed.step
     def step(state, batch):
@@ -189,10 +168,6 @@ def test_stateful_metrics_merged_into_the_state():
 # ------------------------------------------------------------------- create_flax_state
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: create_flax_state does not add avg_<loss> metrics",
-)
 def test_create_flax_state_logs_avg_loss_metrics():
     import flax.linen as nn
 
@@ -213,9 +188,6 @@ def test_create_flax_state_logs_avg_loss_metrics():
 # ------------------------------------------------------------------- strategies
 
 
-@pytest.mark.xfail(
-    strict=True, reason="contract gap: Strategy.lift_batch_size does not exist"
-)
 def test_strategies_lift_batch_size():
     assert ciclo.get_strategy("eager").lift_batch_size(8) == 8
     assert ciclo.get_strategy("jit").lift_batch_size(8) == 8
