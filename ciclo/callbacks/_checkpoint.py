@@ -21,7 +21,10 @@ strategy or device count restores under any other.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +37,45 @@ from ciclo.callbacks import _orbax
 from ciclo.callbacks._monitor import Monitor
 
 __all__ = ["checkpoint", "restore"]
+
+# The checkpoints of this process whose orbax manager is open (saves may be pending),
+# by id; strong references, so a callback dropped by the user still finishes.
+_OPEN: dict[int, checkpoint] = {}
+_exit_hook = False
+
+
+def _track(ckpt: checkpoint) -> None:
+    """Remembers `ckpt` until it is closed; at normal interpreter exit its pending
+    saves are finished before Python refuses new threads (orbax needs them)."""
+    global _exit_hook
+    _OPEN[id(ckpt)] = ckpt
+    if not _exit_hook:
+        _exit_hook = True
+        try:  # runs before concurrent.futures shuts its executors down
+            threading._register_atexit(_finish_pending)  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):
+            atexit.register(_finish_pending)
+
+
+def _finish_pending() -> None:
+    """Finishes every pending save at interpreter exit, quietly (one line on error)."""
+    for ckpt in list(_OPEN.values()):
+        try:
+            ckpt.close()
+        except BaseException as error:  # exit must go on
+            _OPEN.pop(id(ckpt), None)
+            print(
+                f"ciclo.checkpoint: a save to {ckpt.directory} did not finish at "
+                f"exit: {type(error).__name__}: {error}",
+                file=sys.stderr,
+            )
+
+
+def _wait_for(directory: Any) -> None:
+    """Waits for this process's pending saves to `directory`."""
+    for ckpt in list(_OPEN.values()):
+        if ckpt.directory == directory:
+            ckpt.wait()
 
 
 def restore(
@@ -77,6 +119,7 @@ def restore(
         ([1.0, 1.0], 5)
     """
     path = _orbax.path(directory)
+    _wait_for(path)
     if not path.exists():
         raise ValueError(f"No checkpoint directory {path}.")
     manager = _orbax.manager(path, create=False, enable_async_checkpointing=False)
@@ -268,6 +311,7 @@ class checkpoint:
                 best_mode="max",
                 enable_async_checkpointing=self.async_save,
             )
+            _track(self)
         return self._manager
 
     # -- waiting, reading, restoring -----------------------------------------------
@@ -280,7 +324,10 @@ class checkpoint:
         """Waits for the saves and releases orbax's resources (reopened on use)."""
         if self._manager is not None:
             manager, self._manager = self._manager, None
-            manager.close()
+            try:
+                manager.close()
+            finally:
+                _OPEN.pop(id(self), None)
 
     def steps(self) -> list[int]:
         """The steps of the checkpoints in the directory (after pending saves)."""
