@@ -13,6 +13,7 @@ The whole per-batch order of `train_loop`, from `named.TRAIN`:
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ from ciclo._loops.named import (
     on_test_step,
     resolve,
 )
+from ciclo._resume import position, prepare
 from ciclo._schedules.base import Schedule
 from ciclo._time import Elapsed, Period, as_period
 from ciclo.callbacks._inner_loop import inner_loop
@@ -154,6 +156,7 @@ def train_loop(
     metadata: Any = None,
     batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
     inner_loop_kwargs: Mapping[str, Any] | None = None,
+    resume: str | os.PathLike | None = None,
 ) -> tuple[Any, History, Elapsed]:
     """Trains with named schedules, evaluating on `test_dataset` at each epoch end.
 
@@ -167,7 +170,8 @@ def train_loop(
 
     Args:
         state: the initial state; its class's named methods register themselves.
-        dataset: any iterable of training batches.
+        dataset: any iterable of training batches, or a factory
+            `dataset(start_step)` returning one (see `ciclo.loop`).
         tasks: `{named_or_ordinary_schedule: callback_or_list}`.
         callbacks: objects registering their `on_train_*`, `on_epoch_end` and
             `on_reset_step` attributes (keras_bar, checkpoint, early_stopping, ...).
@@ -180,6 +184,10 @@ def train_loop(
             `ciclo.loop` (the test loop uses the same `metadata`/`batch_size_fn`).
         inner_loop_kwargs: for the test `ciclo.inner_loop`, e.g.
             `{"aggregation": "mean"}`.
+        resume: a checkpoint directory: shorthand for adding
+            `ciclo.checkpoint(resume, resume=True)` to `callbacks` (saves at each
+            epoch end; starts from its latest complete checkpoint, if any, with the
+            state, history, elapsed and data position restored).
 
     Returns:
         `(state, history, elapsed)`.
@@ -202,7 +210,15 @@ def train_loop(
         >>> int(state), history.collect("steps", "seen_test")
         (6, ([2, 5], [3, 6]))
     """
+    if resume is not None:  # the checkpoint imports orbax: only when asked for
+        from ciclo.callbacks._checkpoint import checkpoint
+
+        callbacks = [*_as_list(callbacks), checkpoint(resume, resume=True)]
     named, ordinary = _register(TRAIN, state, tasks, callbacks)
+    state, history, elapsed, skip = prepare(
+        [*(tasks or {}).values(), *_as_list(callbacks)], state, history, elapsed
+    )
+    dataset = position(dataset, elapsed, skip, "train_loop")
     if test_duration is not None:
         as_period(test_duration, "test_duration")
     data = Peekable(_iterate(dataset, "`dataset` is", "an iterable of batches"))

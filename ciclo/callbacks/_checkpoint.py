@@ -32,6 +32,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from ciclo._history import History
 from ciclo._time import Elapsed, batch_size
 from ciclo.callbacks import _orbax
 from ciclo.callbacks._monitor import Monitor
@@ -140,8 +141,11 @@ class checkpoint:
     the `elapsed` that `ciclo.elapse` gave with the batch the state was just
     trained on, and also counts that batch (pass `batch=` so samples count it too).
 
-    Saves are asynchronous; the loop waits for them when it ends (normally, on
-    Ctrl-C or on an error). By hand, call `wait()` or `close()`.
+    Each checkpoint also holds the run's history up to it (this step's logs so far
+    included), so that a resumed run continues it. Saves are asynchronous; the loop
+    waits for them when it ends (normally, on Ctrl-C or on an error). By hand,
+    pending saves finish when the interpreter exits normally and `ciclo.restore` in
+    the same process waits for them; `wait()` / `close()` finish them now.
 
     Args:
         directory: where to save (created if missing; a local path or a URL orbax
@@ -152,6 +156,13 @@ class checkpoint:
         keep: how many checkpoints to keep: the latest ones, or with `monitor` the
             best ones (the latest is always kept too, to resume from).
         async_save: write in the background (orbax async checkpointing).
+        resume: before the first loop it is given to (`train_loop(callbacks=[...])`,
+            or any task of `ciclo.loop`), restore the latest complete checkpoint of
+            `directory` — state (optimizer state and RNG included), `elapsed` and
+            the history so far — and start the data there: a dataset given as a
+            factory `dataset(start_step)` is called with it, a plain iterable is
+            advanced past the consumed batches (with a warning). With no complete
+            checkpoint there (none, or only one killed mid-write), start fresh.
 
     Raises:
         TypeError: if `directory` is not a path or `keep` not an int.
@@ -174,6 +185,19 @@ class checkpoint:
         >>> state, elapsed = ckpt.restore(jnp.array(0), best=True)
         >>> int(state), elapsed.steps
         (12, 2)
+
+        Resuming in one line (here the second run continues the first):
+
+        >>> directory = tempfile.mkdtemp()
+        >>> def run(stop):
+        ...     ckpt = ciclo.checkpoint(directory, resume=True)
+        ...     return ciclo.loop(jnp.array(0), lambda start: range(start, 10),
+        ...                       {ciclo.every(1): [train_step], ciclo.every(3): ckpt},
+        ...                       stop=stop)
+        >>> _ = run(stop=5)  # saved after batches 0 and 3: steps 1 and 4
+        >>> state, history, elapsed = run(stop=10)  # restarts at batch 4
+        >>> int(state), elapsed.steps, history.collect("steps")[:6]
+        (45, 10, [0, 1, 2, 3, 4, 5])
     """
 
     def __init__(
@@ -184,6 +208,7 @@ class checkpoint:
         mode: str = "min",
         keep: int = 1,
         async_save: bool = True,
+        resume: bool = False,
     ):
         if isinstance(keep, bool) or not isinstance(keep, int):
             raise TypeError(f"`keep` must be an int, got {keep!r}.")
@@ -200,6 +225,14 @@ class checkpoint:
             raise ValueError(f"`mode` must be 'min' or 'max'; got {mode!r}.")
         self.keep = keep
         self.async_save = bool(async_save)
+        if not isinstance(resume, bool):
+            raise TypeError(
+                f"`resume` must be True or False, got {resume!r} "
+                f"({type(resume).__name__}); the directory is the first argument: "
+                f"ciclo.checkpoint('ckpts/', resume=True)."
+            )
+        self.resume = resume
+        self._resume_pending = resume  # resumes once, before the first loop
         self._manager: ocp.CheckpointManager | None = None
         self._saved: set[int] = set()
 
@@ -217,6 +250,7 @@ class checkpoint:
         logs: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         batch: Any = None,
+        history: History | None = None,
     ) -> None:
         """Saves `state` by hand, after training it on the batch `elapsed` came with.
 
@@ -226,6 +260,9 @@ class checkpoint:
             state: the state to save.
             logs: the step's logs; required with `monitor`.
             batch: the batch, to count its samples.
+            history: the run's `History`, saved beside the state (with `logs` as
+                the step's row when they are not committed yet) so that a resumed
+                run continues it.
         """
         size = 0 if batch is None else batch_size(batch)
         value = None
@@ -236,21 +273,58 @@ class checkpoint:
                     f"logs: call it as ckpt(elapsed, state, logs)."
                 )
             value = self.monitor.read(logs)
-        self._save(elapsed.update(size), state, value)
+        rows = None
+        if history is not None:
+            steps = history.collect("elapsed.steps")  # committed already?
+            uncommitted = logs and not (steps and steps[-1] == elapsed.steps)
+            rows = _orbax.history_json(
+                history, (elapsed, logs) if uncommitted else None
+            )
+        self._save(elapsed.update(size), state, value, rows)
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
         elapsed = loop_state.elapsed_after
         value = None
         if self.monitor is not None:
             value = self.monitor.read_loop_state(loop_state)
-        self._save(elapsed, loop_state.state, value)
+        # the history so far, this step's logs included (committed after the batch)
+        rows = _orbax.history_json(
+            loop_state.history, (loop_state.elapsed, loop_state.logs)
+        )
+        self._save(elapsed, loop_state.state, value, rows)
         return None, None
+
+    def __loop_resume__(
+        self, state: Any, history: History | None, elapsed: Elapsed | None
+    ) -> tuple[Any, History, Elapsed] | None:
+        """With `resume=True`, before the first loop it is given to: the state,
+        history and elapsed of the latest complete checkpoint, or None (start
+        fresh) when the directory holds none."""
+        if not self._resume_pending:
+            return None
+        self._resume_pending = False
+        if not self.directory.exists():
+            return None
+        manager = self._open()
+        if not manager.all_steps():
+            return None
+        state, elapsed, history = _orbax.restore_from(
+            manager, state, False, None, with_history=True
+        )
+        return state, history, elapsed
 
     def __loop_end__(self, loop_state: Any) -> None:
         """Waits for the background saves (called once when the loop ends)."""
         self.close()
 
-    def _save(self, elapsed: Elapsed, state: Any, value: float | None) -> None:
+    def _save(
+        self,
+        elapsed: Elapsed,
+        state: Any,
+        value: float | None,
+        history: dict[str, Any] | None = None,
+    ) -> None:
+        self._resume_pending = False  # this run has its own timeline now
         manager = self._open()
         step = int(elapsed.steps)
         stale = [s for s in manager.all_steps() if s >= step]
@@ -277,12 +351,15 @@ class checkpoint:
             }
         state = _orbax.host_layout(state)
         wrapped = _orbax.is_leaf(state)
+        items = {
+            "state": ocp.args.StandardSave([state] if wrapped else state),
+            "elapsed": ocp.args.JsonSave(_orbax.elapsed_json(elapsed, wrapped)),
+        }
+        if history is not None:
+            items["history"] = ocp.args.JsonSave(history)
         manager.save(
             step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave([state] if wrapped else state),
-                elapsed=ocp.args.JsonSave(_orbax.elapsed_json(elapsed, wrapped)),
-            ),
+            args=ocp.args.Composite(**items),
             metrics=metrics,
             force=True,
         )
