@@ -25,6 +25,7 @@ import array
 import base64
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -217,9 +218,9 @@ def _encode(value: Any, where: str) -> Any:
     if isinstance(value, Mapping):
         return {"dict": [[str(k), _encode(v, where)] for k, v in value.items()]}
     raise TypeError(
-        f"ciclo.checkpoint: history entry {where} is a {type(value).__name__}, which "
-        f"a checkpoint cannot store (it saves the history beside the state); log "
-        f"numbers, strings or arrays (lists/dicts of them)."
+        f"ciclo.checkpoint: history entry {where} holds a {type(value).__name__}, "
+        f"which a checkpoint cannot store (it saves the history beside the state); "
+        f"log numbers, strings or arrays (lists/dicts of them) to resume it."
     )
 
 
@@ -277,14 +278,23 @@ def history_json(
     for (collection, name), column in columns.items():
         values = column.values
         where = f"{collection}.{name}"
+        if isinstance(values, array.array):
+            encoded = _bytes(values)
+        else:
+            try:
+                encoded = {"list": [_encode(v, where) for v in values]}
+            except TypeError as error:  # the state still saves; this entry doesn't
+                warnings.warn(
+                    f"{error} Entry {where} is left out of the saved history.",
+                    stacklevel=4,
+                )
+                continue
         out_columns.append(
             {
                 "collection": collection,
                 "name": name,
                 "rows": _bytes(column.rows),
-                "values": _bytes(values)
-                if isinstance(values, array.array)
-                else {"list": [_encode(v, where) for v in values]},
+                "values": encoded,
             }
         )
     return {
