@@ -13,6 +13,7 @@ from typing import Any
 from ciclo._callback import arity, describe, split_output
 from ciclo._history import History
 from ciclo._logs import Logs
+from ciclo._resume import position, prepare
 from ciclo._schedules.base import fresh
 from ciclo._time import Elapsed, Period, as_period, batch_size
 
@@ -213,11 +214,16 @@ def loop(
     `loop_state.stop_iteration = True`, or at the end of a batch in which a callback
     called `loop_state.stop_after_batch()`. Objects with `__loop_end__(loop_state)`
     among the callbacks (or owning a bound method among them) have it run once when
-    the loop ends, whatever the reason.
+    the loop ends, whatever the reason; objects with `__loop_resume__(state,
+    history, elapsed)` (such as `ciclo.checkpoint(directory, resume=True)`) may
+    replace those three before the loop starts, and a plain iterable dataset is
+    then advanced past the batches already consumed.
 
     Args:
         state: the initial state (any pytree or object).
-        dataset: any iterable of batches.
+        dataset: any iterable of batches, or a factory `dataset(start_step)`
+            returning one (called with the step the loop starts at: 0, the
+            `elapsed` given, or the one a resuming checkpoint restored).
         tasks: `{schedule: callback_or_list}`.
         stop: end once `elapsed >= stop` (int steps or a `Period`).
         on_start: callback(s) run once before the first batch's tasks.
@@ -261,12 +267,17 @@ def loop(
             f"ciclo.restore), got {elapsed!r:.100} ({type(elapsed).__name__}). To "
             f"start counting at step n use ciclo.Elapsed.create(steps=n)."
         )
+    state, history, elapsed, skip = prepare(
+        [*tasks.values(), on_start, on_end], state, history, elapsed
+    )
+    dataset = position(dataset, elapsed, skip, "ciclo.loop")
     try:
         iterator = iter(dataset)
     except TypeError:
         raise TypeError(
             f"`dataset` must be an iterable of batches (a list, generator, numpy "
-            f"array, tf.data/Grain/PyTorch loader, ...); got {dataset!r:.100} "
+            f"array, tf.data/Grain/PyTorch loader, ...) or a factory "
+            f"`dataset(start_step)` returning one; got {dataset!r:.100} "
             f"({type(dataset).__name__})."
         ) from None
     initial = Elapsed.create() if elapsed is None else elapsed.resume()

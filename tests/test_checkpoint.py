@@ -237,3 +237,68 @@ def test_managed_state_moves_between_strategies(tmp_path, saved, restored):
     assert_trees_equal(
         jax.tree.map(jnp.shape, state.params), jax.tree.map(jnp.shape, target.params)
     )
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MANUAL_SCRIPT = """
+import sys
+import jax.numpy as jnp
+import ciclo
+
+total_steps = 5
+call_checkpoint = ciclo.every(steps=2)  # Schedule
+checkpoint = ciclo.checkpoint(sys.argv[1])  # Callback
+history = ciclo.history()  # History
+state = {"w": jnp.zeros((128, 128))}
+for elapsed, batch in ciclo.elapse(range(total_steps), stop=total_steps):
+    logs = ciclo.logs()
+    state = {"w": state["w"] + batch}
+    logs.add_metric("w", state["w"][0, 0])
+    if call_checkpoint(elapsed):
+        checkpoint(elapsed, state)  # serialize state; no wait(): the script ends
+    history.commit(elapsed, logs)
+"""
+
+
+def run_script(source, *args, timeout=120):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-c", source, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def test_a_checkpoint_made_by_hand_is_on_disk_when_the_script_ends(tmp_path):
+    proc = run_script(MANUAL_SCRIPT, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr
+    assert finished_steps(tmp_path) == [5]  # the last save (after batch 4) finished
+    state, elapsed = ciclo.restore(tmp_path, {"w": jnp.zeros((128, 128))})
+    assert elapsed.steps == 5 and float(state["w"][0, 0]) == 0 + 1 + 2 + 3 + 4
+
+
+def test_restore_in_the_same_process_waits_for_pending_saves(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+    for step in range(3):  # by hand, no wait()
+        ckpt(ciclo.Elapsed.create(steps=step), {"w": jnp.full((256, 256), step)})
+    state, elapsed = ciclo.restore(tmp_path, {"w": jnp.zeros((256, 256))})
+    assert elapsed.steps == 3 and float(state["w"][0, 0]) == 2.0
+    ckpt.close()
+
+
+def test_two_writers_on_one_directory_is_an_error_naming_it(tmp_path):
+    def step(state, batch):
+        return state + 1
+
+    first, second = ciclo.checkpoint(tmp_path), ciclo.checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="Two ciclo.checkpoint writers save to"):
+        ciclo.loop(jnp.zeros(()), range(3), {ciclo.every(1): [step, first, second]})

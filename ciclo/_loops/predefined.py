@@ -12,6 +12,7 @@ The whole per-batch order of `train_loop`, from `named.TRAIN`:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ from ciclo._loops.named import (
     on_test_step,
 )
 from ciclo._loops.register import as_list, register
+from ciclo._resume import position, prepare
 from ciclo._schedules.base import Schedule
 from ciclo._time import Elapsed, Period, as_period
 from ciclo.callbacks._inner_loop import TEST_AGGREGATION, inner_loop
@@ -101,6 +103,7 @@ def train_loop(
     metadata: Any = None,
     batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
     inner_loop_kwargs: Mapping[str, Any] | None = None,
+    resume: str | os.PathLike | None = None,
 ) -> tuple[Any, History, Elapsed]:
     """Trains with named schedules, evaluating on `test_dataset` at each epoch end.
 
@@ -114,7 +117,8 @@ def train_loop(
 
     Args:
         state: the initial state; its class's named methods register themselves.
-        dataset: any iterable of training batches.
+        dataset: any iterable of training batches, or a factory
+            `dataset(start_step)` returning one (see `ciclo.loop`).
         tasks: `{named_or_ordinary_schedule: callback_or_list}`.
         callbacks: objects registering their `on_train_*`, `on_epoch_end` and
             `on_reset_step` attributes (keras_bar, checkpoint, early_stopping, ...).
@@ -125,6 +129,10 @@ def train_loop(
         inner_loop_kwargs: for the test `ciclo.inner_loop`, e.g. its aggregation.
         stop, history, elapsed, catch_keyboard_interrupt, metadata, batch_size_fn:
             as in `ciclo.loop` (the test loop shares `metadata`/`batch_size_fn`).
+        resume: a checkpoint directory: shorthand for adding
+            `ciclo.checkpoint(resume, resume=True)` to `callbacks` (saves at each
+            epoch end; starts from its latest complete checkpoint, if any, with the
+            state, history, elapsed and data position restored).
 
     Raises:
         ValueError: for an unknown named schedule, `test_dataset` with nothing on
@@ -144,7 +152,13 @@ def train_loop(
         >>> int(state), history.collect("steps", "seen_test")
         (6, ([2, 5], [3.0, 6.0]))
     """
+    if resume is not None:  # the checkpoint imports orbax: only when asked for
+        callbacks = _resuming(as_list(callbacks), resume)
     named, ordinary = register(TRAIN, state, tasks, callbacks)
+    state, history, elapsed, skip = prepare(
+        [*(tasks or {}).values(), *as_list(callbacks)], state, history, elapsed
+    )
+    dataset = position(dataset, elapsed, skip, "train_loop")
     if test_duration is not None:
         as_period(test_duration, "test_duration")
     data = Peekable(_iterate(dataset, "`dataset` is"))
@@ -171,6 +185,19 @@ def train_loop(
         history=history, elapsed=elapsed, metadata=metadata,
         catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
     )  # fmt: skip
+
+
+def _resuming(callbacks: list[Any], directory: Any) -> list[Any]:
+    """`callbacks` with a checkpoint of `directory` that resumes: the one already
+    there (one writer per directory), else a new one."""
+    from ciclo.callbacks._checkpoint import checkpoint
+    from ciclo.callbacks._orbax import path
+
+    for callback in callbacks:
+        if isinstance(callback, checkpoint) and callback.directory == path(directory):
+            callback.resume = callback._resume_pending = True
+            return callbacks
+    return [*callbacks, checkpoint(directory, resume=True)]
 
 
 def _iterate(dataset: Any, what: str) -> Iterator[Any]:

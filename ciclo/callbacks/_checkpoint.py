@@ -21,7 +21,10 @@ strategy or device count restores under any other.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -29,11 +32,51 @@ from typing import Any
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from ciclo._history import History
 from ciclo._time import Elapsed, batch_size
 from ciclo.callbacks import _orbax
 from ciclo.callbacks._monitor import Monitor
 
 __all__ = ["checkpoint", "restore"]
+
+# The checkpoints of this process whose orbax manager is open (saves may be pending),
+# by id; strong references, so a callback dropped by the user still finishes.
+_OPEN: dict[int, checkpoint] = {}
+_exit_hook = False
+
+
+def _track(ckpt: checkpoint) -> None:
+    """Remembers `ckpt` until it is closed; at normal interpreter exit its pending
+    saves are finished before Python refuses new threads (orbax needs them)."""
+    global _exit_hook
+    _OPEN[id(ckpt)] = ckpt
+    if not _exit_hook:
+        _exit_hook = True
+        try:  # runs before concurrent.futures shuts its executors down
+            threading._register_atexit(_finish_pending)  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):
+            atexit.register(_finish_pending)
+
+
+def _finish_pending() -> None:
+    """Finishes every pending save at interpreter exit, quietly (one line on error)."""
+    for ckpt in list(_OPEN.values()):
+        try:
+            ckpt.close()
+        except BaseException as error:  # exit must go on
+            _OPEN.pop(id(ckpt), None)
+            print(
+                f"ciclo.checkpoint: a save to {ckpt.directory} did not finish at "
+                f"exit: {type(error).__name__}: {error}",
+                file=sys.stderr,
+            )
+
+
+def _wait_for(directory: Any) -> None:
+    """Waits for this process's pending saves to `directory`."""
+    for ckpt in list(_OPEN.values()):
+        if ckpt.directory == directory:
+            ckpt.wait()
 
 
 def restore(
@@ -77,6 +120,7 @@ def restore(
         ([1.0, 1.0], 5)
     """
     path = _orbax.path(directory)
+    _wait_for(path)
     if not path.exists():
         raise ValueError(f"No checkpoint directory {path}.")
     manager = _orbax.manager(path, create=False, enable_async_checkpointing=False)
@@ -97,8 +141,11 @@ class checkpoint:
     the `elapsed` that `ciclo.elapse` gave with the batch the state was just
     trained on, and also counts that batch (pass `batch=` so samples count it too).
 
-    Saves are asynchronous; the loop waits for them when it ends (normally, on
-    Ctrl-C or on an error). By hand, call `wait()` or `close()`.
+    Each checkpoint also holds the run's history up to it (this step's logs so far
+    included), so that a resumed run continues it. Saves are asynchronous; the loop
+    waits for them when it ends (normally, on Ctrl-C or on an error). By hand,
+    pending saves finish when the interpreter exits normally and `ciclo.restore` in
+    the same process waits for them; `wait()` / `close()` finish them now.
 
     Args:
         directory: where to save (created if missing; a local path or a URL orbax
@@ -109,6 +156,13 @@ class checkpoint:
         keep: how many checkpoints to keep: the latest ones, or with `monitor` the
             best ones (the latest is always kept too, to resume from).
         async_save: write in the background (orbax async checkpointing).
+        resume: before the first loop it is given to (`train_loop(callbacks=[...])`,
+            or any task of `ciclo.loop`), restore the latest complete checkpoint of
+            `directory` — state (optimizer state and RNG included), `elapsed` and
+            the history so far — and start the data there: a dataset given as a
+            factory `dataset(start_step)` is called with it, a plain iterable is
+            advanced past the consumed batches (with a warning). With no complete
+            checkpoint there (none, or only one killed mid-write), start fresh.
 
     Raises:
         TypeError: if `directory` is not a path or `keep` not an int.
@@ -131,6 +185,19 @@ class checkpoint:
         >>> state, elapsed = ckpt.restore(jnp.array(0), best=True)
         >>> int(state), elapsed.steps
         (12, 2)
+
+        Resuming in one line (here the second run continues the first):
+
+        >>> directory = tempfile.mkdtemp()
+        >>> def run(stop):
+        ...     ckpt = ciclo.checkpoint(directory, resume=True)
+        ...     return ciclo.loop(jnp.array(0), lambda start: range(start, 10),
+        ...                       {ciclo.every(1): [train_step], ciclo.every(3): ckpt},
+        ...                       stop=stop)
+        >>> _ = run(stop=5)  # saved after batches 0 and 3: steps 1 and 4
+        >>> state, history, elapsed = run(stop=10)  # restarts at batch 4
+        >>> int(state), elapsed.steps, history.collect("steps")[:6]
+        (45, 10, [0, 1, 2, 3, 4, 5])
     """
 
     def __init__(
@@ -141,6 +208,7 @@ class checkpoint:
         mode: str = "min",
         keep: int = 1,
         async_save: bool = True,
+        resume: bool = False,
     ):
         if isinstance(keep, bool) or not isinstance(keep, int):
             raise TypeError(f"`keep` must be an int, got {keep!r}.")
@@ -157,6 +225,14 @@ class checkpoint:
             raise ValueError(f"`mode` must be 'min' or 'max'; got {mode!r}.")
         self.keep = keep
         self.async_save = bool(async_save)
+        if not isinstance(resume, bool):
+            raise TypeError(
+                f"`resume` must be True or False, got {resume!r} "
+                f"({type(resume).__name__}); the directory is the first argument: "
+                f"ciclo.checkpoint('ckpts/', resume=True)."
+            )
+        self.resume = resume
+        self._resume_pending = resume  # resumes once, before the first loop
         self._manager: ocp.CheckpointManager | None = None
         self._saved: set[int] = set()
 
@@ -174,6 +250,7 @@ class checkpoint:
         logs: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         batch: Any = None,
+        history: History | None = None,
     ) -> None:
         """Saves `state` by hand, after training it on the batch `elapsed` came with.
 
@@ -183,6 +260,9 @@ class checkpoint:
             state: the state to save.
             logs: the step's logs; required with `monitor`.
             batch: the batch, to count its samples.
+            history: the run's `History`, saved beside the state (with `logs` as
+                the step's row when they are not committed yet) so that a resumed
+                run continues it.
         """
         size = 0 if batch is None else batch_size(batch)
         value = None
@@ -193,21 +273,67 @@ class checkpoint:
                     f"logs: call it as ckpt(elapsed, state, logs)."
                 )
             value = self.monitor.read(logs)
-        self._save(elapsed.update(size), state, value)
+        rows = None
+        if history is not None:
+            steps = history.collect("elapsed.steps")  # committed already?
+            uncommitted = logs and not (steps and steps[-1] == elapsed.steps)
+            rows = _orbax.history_json(
+                history, (elapsed, logs) if uncommitted else None
+            )
+        self._save(elapsed.update(size), state, value, rows)
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
         elapsed = loop_state.elapsed_after
         value = None
         if self.monitor is not None:
             value = self.monitor.read_loop_state(loop_state)
-        self._save(elapsed, loop_state.state, value)
+        # the history so far, this step's logs included (committed after the batch)
+        rows = _orbax.history_json(
+            loop_state.history, (loop_state.elapsed, loop_state.logs)
+        )
+        self._save(elapsed, loop_state.state, value, rows)
         return None, None
+
+    def __loop_resume__(
+        self, state: Any, history: History | None, elapsed: Elapsed | None
+    ) -> tuple[Any, History, Elapsed] | None:
+        """With `resume=True`, before the first loop it is given to: the state,
+        history and elapsed of the latest complete checkpoint, or None (start
+        fresh) when the directory holds none."""
+        if not self._resume_pending:
+            return None
+        self._resume_pending = False
+        if not self.directory.exists():
+            return None
+        manager = self._open()
+        if not manager.all_steps():
+            return None
+        state, elapsed, history = _orbax.restore_from(
+            manager, state, False, None, with_history=True
+        )
+        return state, history, elapsed
 
     def __loop_end__(self, loop_state: Any) -> None:
         """Waits for the background saves (called once when the loop ends)."""
         self.close()
 
-    def _save(self, elapsed: Elapsed, state: Any, value: float | None) -> None:
+    def _save(
+        self,
+        elapsed: Elapsed,
+        state: Any,
+        value: float | None,
+        history: dict[str, Any] | None = None,
+    ) -> None:
+        self._resume_pending = False  # this run has its own timeline now
+        for other in list(_OPEN.values()):
+            if other is not self and other.directory == self.directory and other._saved:
+                raise ValueError(
+                    f"Two ciclo.checkpoint writers save to {self.directory}: their "
+                    f"saves would collide. Use one checkpoint per directory (with "
+                    f"train_loop(resume=...), the checkpoint in `callbacks` for that "
+                    f"directory is the one that resumes), or give each its own "
+                    f"directory."
+                )
         manager = self._open()
         step = int(elapsed.steps)
         stale = [s for s in manager.all_steps() if s >= step]
@@ -234,12 +360,15 @@ class checkpoint:
             }
         state = _orbax.host_layout(state)
         wrapped = _orbax.is_leaf(state)
+        items = {
+            "state": ocp.args.StandardSave([state] if wrapped else state),
+            "elapsed": ocp.args.JsonSave(_orbax.elapsed_json(elapsed, wrapped)),
+        }
+        if history is not None:
+            items["history"] = ocp.args.JsonSave(history)
         manager.save(
             step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave([state] if wrapped else state),
-                elapsed=ocp.args.JsonSave(_orbax.elapsed_json(elapsed, wrapped)),
-            ),
+            args=ocp.args.Composite(**items),
             metrics=metrics,
             force=True,
         )
@@ -268,6 +397,7 @@ class checkpoint:
                 best_mode="max",
                 enable_async_checkpointing=self.async_save,
             )
+            _track(self)
         return self._manager
 
     # -- waiting, reading, restoring -----------------------------------------------
@@ -280,7 +410,10 @@ class checkpoint:
         """Waits for the saves and releases orbax's resources (reopened on use)."""
         if self._manager is not None:
             manager, self._manager = self._manager, None
-            manager.close()
+            try:
+                manager.close()
+            finally:
+                _OPEN.pop(id(self), None)
 
     def steps(self) -> list[int]:
         """The steps of the checkpoints in the directory (after pending saves)."""

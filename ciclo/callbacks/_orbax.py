@@ -1,8 +1,13 @@
 """The orbax side of `ciclo.checkpoint`: the on-disk layout and restoring from it.
 
 A checkpoint is an orbax `CheckpointManager` step directory named by the number of
-batches trained into the state, with two items: `state` (the pytree, `StandardSave`;
-a bare array is wrapped in a one-element list) and `elapsed` (JSON). Checkpoints
+batches trained into the state, with three items: `state` (the pytree,
+`StandardSave`; a bare array is wrapped in a one-element list), `elapsed` (JSON) and
+`history` (JSON: the run's `History` up to the save, numeric columns as base64 of
+their raw bytes so values come back bit for bit; checkpoints written before ciclo
+saved it have no `history` item and restore an empty one). Orbax writes a step into a
+temporary directory and renames it when complete, so a step killed mid-write is
+never listed, and the next run's manager removes its leftovers. Checkpoints
 saved with a monitor carry orbax metrics `{"score", "value", "monitor", "mode"}`,
 `score` oriented so that higher is better.
 
@@ -16,20 +21,28 @@ restored under `jit` on one).
 
 from __future__ import annotations
 
+import array
+import base64
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from ciclo._history import History, _Column, _ElapsedColumn
+from ciclo._logs import Logs
 from ciclo._time import Elapsed
 
 __all__ = [
     "ITEMS",
     "elapsed_json",
+    "history_from_json",
+    "history_json",
     "host_layout",
     "is_leaf",
     "manager",
@@ -38,7 +51,7 @@ __all__ = [
     "score",
 ]
 
-ITEMS = ("state", "elapsed")
+ITEMS = ("state", "elapsed", "history")
 
 
 def score(metrics: Any) -> float:
@@ -61,6 +74,7 @@ def path(directory: Any) -> epath.Path:
 
 def manager(directory: epath.Path, **options: Any) -> ocp.CheckpointManager:
     """A `CheckpointManager` of the `state` + `elapsed` layout."""
+    options.setdefault("cleanup_tmp_directories", not options.get("read_only"))
     return ocp.CheckpointManager(
         directory,
         item_names=ITEMS,
@@ -114,8 +128,10 @@ def restore_from(
     target_state: Any,
     best: bool,
     step: int | None,
-) -> tuple[Any, Elapsed]:
-    """`(state, elapsed)` of `step`, else the best (`best=True`), else the latest.
+    with_history: bool = False,
+) -> tuple[Any, Elapsed] | tuple[Any, Elapsed, History]:
+    """`(state, elapsed)` of `step`, else the best (`best=True`), else the latest;
+    `(state, elapsed, history)` with `with_history`.
 
     Raises:
         ValueError: no checkpoint, no such step, or `best` without monitored ones.
@@ -155,4 +171,168 @@ def restore_from(
     if strategy is not None:
         state = strategy.place_state(state)
     elapsed = Elapsed(int(e["steps"]), int(e["samples"]), e["date"], e["date_start"])
-    return state, elapsed
+    if not with_history:
+        return state, elapsed
+    saved = None
+    if (epath.Path(mngr.directory) / str(step) / "history").exists():
+        saved = mngr.restore(
+            step, args=ocp.args.Composite(history=ocp.args.JsonRestore())
+        )["history"]
+    return state, elapsed, history_from_json(saved)
+
+
+# -- the history item ---------------------------------------------------------------
+def _bytes(values: array.array) -> dict[str, str]:
+    return {"typecode": values.typecode, "b64": base64.b64encode(values).decode()}
+
+
+def _from_bytes(item: Mapping[str, str]) -> array.array:
+    values = array.array(item["typecode"])
+    values.frombytes(base64.b64decode(item["b64"]))
+    return values
+
+
+def _encode(value: Any, where: str) -> Any:
+    """A logged value (already on the host) as JSON, exactly."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | float):
+        return {"float": value.hex()} if isinstance(value, float) else value
+    if isinstance(value, np.ndarray | np.generic):
+        if value.dtype.hasobject:
+            raise TypeError(
+                f"ciclo.checkpoint: history entry {where} holds a numpy array of "
+                f"Python objects, which a checkpoint cannot store; log numbers or "
+                f"numeric arrays."
+            )
+        data = np.asarray(value)  # tobytes() is C order
+        kind = "ndarray" if isinstance(value, np.ndarray) else "scalar"
+        return {
+            kind: base64.b64encode(data.tobytes()).decode(),
+            "dtype": data.dtype.name,  # bfloat16 & co. by name
+            "shape": list(data.shape),
+        }
+    if isinstance(value, list | tuple):
+        items = [_encode(v, where) for v in value]
+        return {"list": items} if isinstance(value, list) else {"tuple": items}
+    if isinstance(value, Mapping):
+        return {"dict": [[str(k), _encode(v, where)] for k, v in value.items()]}
+    raise TypeError(
+        f"ciclo.checkpoint: history entry {where} holds a {type(value).__name__}, "
+        f"which a checkpoint cannot store (it saves the history beside the state); "
+        f"log numbers, strings or arrays (lists/dicts of them) to resume it."
+    )
+
+
+def _decode(item: Any) -> Any:
+    if not isinstance(item, dict):
+        return item
+    (kind, data), *_ = item.items()
+    if kind == "float":
+        return float.fromhex(data)
+    if kind in ("ndarray", "scalar"):
+        dtype = jax.numpy.dtype(item["dtype"])
+        value = np.frombuffer(base64.b64decode(data), dtype=dtype)
+        value = value.reshape(
+            tuple(item["shape"])
+        ).copy()  # writable, like a fetched one
+        return value if kind == "ndarray" else value[()]
+    if kind == "list":
+        return [_decode(v) for v in data]
+    if kind == "tuple":
+        return tuple(_decode(v) for v in data)
+    return {k: _decode(v) for k, v in data}
+
+
+def history_json(
+    history: History, row: tuple[Elapsed, Logs] | None = None
+) -> dict[str, Any]:
+    """`history` (its lagged values fetched first), plus `row` — the current step's
+    `(elapsed, logs)`, not committed yet — as the JSON of the `history` item."""
+    history._flush()
+    count = len(history)
+    fields = [array.array(c.values.typecode, c.values) for c in history._elapsed]
+    columns: dict[tuple[str, str], _Column] = {}
+    for key, column in history._columns.items():
+        if isinstance(column, _ElapsedColumn):
+            continue
+        copy = columns[key] = _Column()
+        copy.rows = array.array("q", column.rows)
+        values = column.values
+        copy.values = (
+            array.array(values.typecode, values)
+            if isinstance(values, array.array)
+            else list(values)
+        )
+    if row is not None and row[1]:
+        elapsed, logs = row
+        for field, value in zip(fields, _elapsed_values(elapsed)):
+            field.append(value)
+        for collection, name, value in jax.device_get(list(Logs(logs).entries())):
+            column = columns.get((collection, name))
+            if column is None:
+                column = columns[(collection, name)] = _Column()
+            column.rows.append(count)
+            column.append(value)
+        count += 1
+    out_columns = []
+    for (collection, name), column in columns.items():
+        values = column.values
+        where = f"{collection}.{name}"
+        if isinstance(values, array.array):
+            encoded = _bytes(values)
+        else:
+            try:
+                encoded = {"list": [_encode(v, where) for v in values]}
+            except TypeError as error:  # the state still saves; this entry doesn't
+                warnings.warn(
+                    f"{error} Entry {where} is left out of the saved history.",
+                    stacklevel=4,
+                )
+                continue
+        out_columns.append(
+            {
+                "collection": collection,
+                "name": name,
+                "rows": _bytes(column.rows),
+                "values": encoded,
+            }
+        )
+    return {
+        "version": 1,
+        "rows": count,
+        "lag": history.lag,
+        "elapsed": [_bytes(f) for f in fields],
+        "columns": out_columns,
+    }
+
+
+def _elapsed_values(elapsed: Elapsed) -> tuple[int, int, float, float]:
+    return (
+        int(elapsed.steps),
+        int(elapsed.samples),
+        float(elapsed.time),
+        float(elapsed.date),
+    )
+
+
+def history_from_json(item: Mapping[str, Any] | None) -> History:
+    """The `History` saved by `history_json` (an empty one for None)."""
+    if item is None:
+        return History()
+    history = History(lag=int(item.get("lag", 64)))
+    history._rows = int(item["rows"])
+    for column, field in zip(history._elapsed, item["elapsed"]):
+        column.values = _from_bytes(field)
+    history._fetched = history._rows
+    for saved in item["columns"]:
+        column = history._columns[(saved["collection"], saved["name"])] = _Column()
+        history._entries.append(column)
+        column.rows = _from_bytes(saved["rows"])
+        values = saved["values"]
+        column.values = (
+            [_decode(v) for v in values["list"]]
+            if "list" in values
+            else _from_bytes(values)
+        )
+    return history

@@ -112,10 +112,6 @@ def test_checkpoint_by_hand_then_ckpt_restore_counts_the_batch(tmp_path):
     assert r_elapsed.steps == 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: ciclo.restore right after a by-hand save often misses the in-flight async save",
-)
 def test_checkpoint_by_hand_then_ciclo_restore_in_same_process_sees_it(tmp_path):
     for trial in range(8):  # the save must always be visible, not just usually
         d = str(tmp_path / f"ckpt{trial}")

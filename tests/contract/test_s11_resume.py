@@ -95,7 +95,6 @@ def _kill_at(n):
 _ONE_LINE = "contract gap: no one-line resume (train_loop(resume=dir) not supported)"
 
 
-@pytest.mark.xfail(strict=True, reason=_ONE_LINE)
 def test_one_line_resume_of_a_killed_run_equals_uninterrupted(tmp_path, uninterrupted):
     ref_state, ref_history, ref_elapsed = uninterrupted
     d = str(tmp_path / "ckpt")
@@ -128,7 +127,6 @@ def test_one_line_resume_of_a_killed_run_equals_uninterrupted(tmp_path, uninterr
     )
 
 
-@pytest.mark.xfail(strict=True, reason=_ONE_LINE)
 def test_one_line_resume_with_no_checkpoint_starts_fresh(tmp_path, uninterrupted):
     ref_state, _, _ = uninterrupted
     d = str(tmp_path / "empty")

@@ -1,0 +1,108 @@
+"""Resuming a loop: the `__loop_resume__` hook and where the data starts.
+
+An object among a loop's callbacks (or the owner of a bound method among them) with
+`__loop_resume__(state, history, elapsed)` is asked, before the loop starts, for
+the `(state, history, elapsed)` to start from; it returns None to leave them as
+they are (`ciclo.checkpoint(directory, resume=True)` restores the latest complete
+checkpoint of its directory, once). The dataset is then positioned at the start
+step: a factory `dataset(start_step)` is called with it, and a plain iterable is
+advanced past the batches the restored state already consumed (with a warning:
+those batches are read and discarded).
+
+This module imports nothing heavy; the checkpoint callback brings orbax.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ciclo._history import History
+from ciclo._time import Elapsed
+
+__all__ = ["is_factory", "position", "prepare"]
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def prepare(
+    groups: Iterable[Any], state: Any, history: History | None, elapsed: Any
+) -> tuple[Any, History | None, Any, int]:
+    """Runs the resume hooks of the callbacks in `groups` (lists or single ones).
+
+    Returns:
+        `(state, history, elapsed, skip)`: `skip` is how many batches of a plain
+        iterable dataset the restored state already consumed (0 when no hook
+        restored anything).
+    """
+    seen: set[int] = set()
+    skip = 0
+    for group in groups:
+        for callback in _as_list(group):
+            owner = (
+                callback
+                if hasattr(callback, "__loop_resume__")
+                else getattr(callback, "__self__", None)
+            )
+            hook = getattr(owner, "__loop_resume__", None)
+            if hook is None or id(owner) in seen:
+                continue
+            seen.add(id(owner))
+            restored = hook(state, history, elapsed)
+            if restored is None:
+                continue
+            start = 0 if elapsed is None else int(elapsed.steps)
+            state, history, elapsed = restored
+            skip = max(0, int(elapsed.steps) - start)
+    return state, history, elapsed, skip
+
+
+def is_factory(dataset: Any) -> bool:
+    """A dataset given as `dataset(start_step) -> iterable` (callable, not iterable)."""
+    return callable(dataset) and not isinstance(dataset, Iterable)
+
+
+def position(dataset: Any, elapsed: Elapsed | None, skip: int, where: str) -> Any:
+    """The data from the start step: a factory called with `elapsed.steps`, or a
+    plain iterable advanced by `skip` batches (with a warning)."""
+    start = 0 if elapsed is None else int(elapsed.steps)
+    if is_factory(dataset):
+        try:
+            inspect.signature(dataset).bind(start)
+        except TypeError as error:
+            raise TypeError(
+                f"{where}: `dataset` is callable but not iterable, so it is taken "
+                f"as a factory `dataset(start_step) -> iterable of batches` and "
+                f"called with the step to start from; but {dataset!r:.80} cannot "
+                f"be called with one argument ({error}). Pass an iterable, or a "
+                f"function such as `lambda start_step: batches[start_step:]`."
+            ) from None
+        except ValueError:  # no signature (some builtins): trust it
+            pass
+        return dataset(start)
+    if skip <= 0 or not isinstance(dataset, Iterable):
+        return dataset
+    if isinstance(dataset, Sequence | np.ndarray):  # indexable: nothing is consumed
+        return (dataset[i] for i in range(skip, len(dataset)))
+    warnings.warn(
+        f"{where}: resuming at step {start}: skipping the first {skip} batches of "
+        f"`dataset` by reading and discarding them (this consumes them, and takes "
+        f"as long as loading them). To start there directly, pass a factory "
+        f"`dataset(start_step) -> iterable` instead, e.g. "
+        f"`lambda start_step: make_batches(start=start_step)`.",
+        stacklevel=3,
+    )
+    iterator = iter(dataset)
+    end = object()
+    for _ in range(skip):
+        if next(iterator, end) is end:
+            break
+    return iterator
