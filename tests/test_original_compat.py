@@ -1,9 +1,7 @@
-"""The original Ciclo 0.1 README (`/work/shared/seeds/ciclo-readme.md`), snippet by
+"""The original Ciclo 0.1 README (`shared/seeds/ciclo-readme.md`), snippet by
 snippet, unmodified but for the model and the data: a linear softmax classifier on
-scikit-learn's bundled digits (no download), trained with optax.
-
-Points still being built on other branches (managed steps of any arity,
-`create_flax_state`'s `avg_<loss>`) are marked xfail.
+scikit-learn's bundled digits (no download), trained with optax. Managed steps of
+any arity and `create_flax_state`'s `avg_<loss>` included.
 """
 
 import datetime
@@ -182,12 +180,11 @@ def test_managed_train_step_and_step(capsys):
     assert np.isfinite(float(logs.metrics.loss))
 
 
-@pytest.mark.xfail(strict=False, reason="managed/flax branch")
 def test_managed_steps_take_any_callback_arity_and_spread_into_tasks():
     managed, state = _managed_state()
 
     @managed.train_step
-    def train_step(state, batch, elapsed, loop_state):
+    def train_step(state, batch, elapsed):
         loss = loss_and_accuracy(state.params, *batch)[0]
         return ciclo.logs().add_loss("loss", loss), state
 
@@ -203,7 +200,6 @@ def test_managed_steps_take_any_callback_arity_and_spread_into_tasks():
     assert len(history.collect("loss")) == 2
 
 
-@pytest.mark.xfail(strict=False, reason="managed/flax branch")
 def test_create_flax_state_logs_avg_loss():
     import flax.linen as nn
 
