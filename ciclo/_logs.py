@@ -134,26 +134,22 @@ class Logs(dict):
         """
         if other is None:
             return self
-        if type(other) is Logs and all(type(e) is Entries for e in other.values()):
-            for collection, entries in other.items():  # the hot path: no checks
-                target = self.get(collection)
-                if target is None:
-                    self[collection] = Entries(entries)
-                else:
-                    target.update(entries)
-            return self
-        if not isinstance(other, Mapping):
-            raise TypeError(
-                f"Can only merge a Logs or a dict of collections, got "
-                f"{type(other).__name__}."
-            )
-        for collection, entries in other.items():
-            if not isinstance(entries, Mapping):
+        checked = type(other) is Logs and all(
+            type(e) is Entries for e in other.values()
+        )  # the hot path: a Logs built with add_* needs no checks
+        if not checked:
+            if not isinstance(other, Mapping):
                 raise TypeError(
-                    f"Collection {collection!r} must map entry names to values, got "
-                    f"{type(entries).__name__}: {entries!r:.80}. Use "
-                    f"logs.add_entry({collection!r}, name, value)."
+                    f"Can only merge a Logs or a dict of collections, got "
+                    f"{type(other).__name__}."
                 )
+            for collection, entries in other.items():
+                if not isinstance(entries, Mapping):
+                    raise TypeError(
+                        f"Collection {collection!r} must map entry names to values, "
+                        f"got {type(entries).__name__}: {entries!r:.80}. Use "
+                        f"logs.add_entry({collection!r}, name, value)."
+                    )
         for collection, entries in other.items():
             target = self.get(collection)
             if target is None:

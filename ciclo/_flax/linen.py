@@ -14,7 +14,7 @@ from flax import traverse_util
 
 from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
-from ciclo._flax.state import FlaxConfig, FlaxState, Forward
+from ciclo._flax.state import FlaxState, Forward, new_state
 
 __all__ = ["LinenModel", "create_linen_state"]
 
@@ -184,7 +184,11 @@ def create_linen_state(
         rngs_eval=rngs_eval,
     )
     objectives = Objectives(losses, metrics, sown_losses)
-    return FlaxState.create(
+    return new_state(
+        model,
+        objectives,
+        log_grad_norm=log_grad_norm,
+        grads_fn=grads_fn,
         apply_fn=module.apply,
         params=params,
         tx=tx,
@@ -192,11 +196,4 @@ def create_linen_state(
         batch_stats=batch_stats,
         collections=collections,
         key=state_key,
-        metric_states=objectives.empty_states(),
-        config=FlaxConfig(
-            model=model,
-            objectives=objectives,
-            log_grad_norm=log_grad_norm,
-            grads_fn=grads_fn,
-        ),
     )

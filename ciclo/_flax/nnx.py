@@ -20,7 +20,7 @@ from flax import nnx
 
 from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
-from ciclo._flax.state import FlaxConfig, FlaxState, Forward
+from ciclo._flax.state import FlaxState, Forward, new_state
 from ciclo._strategies.base import tree_is_key
 
 __all__ = ["LOSSES", "METRICS", "NNXModel", "create_nnx_state"]
@@ -146,7 +146,11 @@ def create_nnx_state(
     )
     objectives = Objectives(losses, metrics)
     model = NNXModel(graphdef, method, train_kw, eval_kw)
-    return FlaxState.create(
+    return new_state(
+        model,
+        objectives,
+        log_grad_norm=log_grad_norm,
+        grads_fn=grads_fn,
         apply_fn=model.merge,
         params=params,
         tx=tx,
@@ -154,11 +158,4 @@ def create_nnx_state(
         batch_stats=batch_stats,
         collections=collections,
         key=as_key(key),
-        metric_states=objectives.empty_states(),
-        config=FlaxConfig(
-            model=model,
-            objectives=objectives,
-            log_grad_norm=log_grad_norm,
-            grads_fn=grads_fn,
-        ),
     )

@@ -247,3 +247,25 @@ class FlaxState(managed.ManagedState):
             (5, 3)
         """
         return self.config.model.bind(self)
+
+
+def new_state(
+    model: Any,
+    objectives: Objectives,
+    *,
+    log_grad_norm: bool,
+    grads_fn: Any,
+    **fields: Any,
+) -> FlaxState:
+    """A `FlaxState` for `model` (Linen or NNX) with `objectives`' empty metric
+    states; `fields` are `FlaxState.create`'s (apply_fn, params, tx, strategy,
+    batch_stats, collections, key)."""
+    config = FlaxConfig(
+        model=model,
+        objectives=objectives,
+        log_grad_norm=log_grad_norm,
+        grads_fn=grads_fn,
+    )
+    return FlaxState.create(
+        metric_states=objectives.empty_states(), config=config, **fields
+    )
