@@ -181,6 +181,7 @@ def test_keras_bar_resumed_run_counts_from_restored_elapsed(monkeypatch):
 
 def test_keras_bar_closes_cleanly_on_ctrl_c(monkeypatch):
     tty = as_tty(monkeypatch)
+
     def interrupt(state, batch, elapsed):
         if elapsed.steps == 3:
             raise KeyboardInterrupt
@@ -311,7 +312,8 @@ def test_tqdm_bar_postfix_total_and_close():
     bar = ciclo.tqdm_bar(total=ciclo.at(samples=40), file=out, interval=0.0)
     ciclo.loop(jnp.float32(0), batches(10, size=4), {ciclo.every(1): train_step, **bar})
     text = out.getvalue()
-    final = text.split("\r")[-1]
+    assert "\r" not in text and text.count("\n") == 1  # not a terminal: one line
+    final = text
     assert "40/40" in final and "sample" in final
     assert "loss=0.1" in final and final.count("loss=") == 1 and "acc=0.9" in final
     assert bar.closed and text.endswith("\n")
@@ -334,5 +336,151 @@ def test_tqdm_bar_self_registers_and_closes_on_ctrl_c():
         stop=10,
     )
     text = out.getvalue()
-    assert bar.closed and text.endswith("\n")
-    assert "3/10" in text.split("\r")[-1]
+    assert bar.closed and text.endswith("\n") and "\r" not in text
+    assert text.startswith("3/10 [")
+
+
+def test_tqdm_bar_redraws_in_place_on_a_terminal():
+    out = FakeTTY()
+    bar = ciclo.tqdm_bar(total=10, file=out, interval=0.0)
+    ciclo.loop(jnp.float32(0), batches(10), {ciclo.every(1): train_step, **bar})
+    text = out.getvalue()
+    assert text.count("\r") >= 10 and text.count("\n") == 1  # one bar, redrawn
+    assert "10/10" in text.split("\r")[-1] and bar.closed
+
+
+# -- not a terminal: plain lines ---------------------------------------------------
+
+
+def test_keras_bar_not_a_terminal_prints_a_plain_line_per_interval(capsys, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    bar = ciclo.keras_bar(total=10, plain_interval=3)
+    ciclo.loop(0, range(10), {ciclo.every(1): [host_step, clock.tick, bar]})
+    out = capsys.readouterr().out
+    # the first line one interval after the first step, then every 3 s, and the
+    # final one; no redraws
+    assert out.splitlines() == [
+        "4/10 - 4s - ETA: 6s - loss: 0.2500 - acc: 0.3000",
+        "7/10 - 7s - ETA: 3s - loss: 0.1429 - acc: 0.6000",
+        "10/10 - 10s - loss: 0.1000 - acc: 0.9000",
+    ]
+    assert bar.closed
+
+
+def test_tqdm_bar_not_a_terminal_prints_a_plain_line_per_interval(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    out = io.StringIO()
+    bar = ciclo.tqdm_bar(total=10, file=out, plain_interval=3, desc="train")
+    ciclo.loop(0, range(10), {ciclo.every(1): [host_step, clock.tick, bar]})
+    assert out.getvalue().splitlines() == [
+        "train: 4/10 [00:04<00:06,  1.00step/s, loss=0.25, acc=0.3]",
+        "train: 7/10 [00:07<00:03,  1.00step/s, loss=0.143, acc=0.6]",
+        "train: 10/10 [00:10<00:00,  1.00step/s, loss=0.1, acc=0.9]",
+    ]
+    assert bar.closed
+
+
+@pytest.mark.parametrize("kind", ["keras", "tqdm"])
+def test_bars_not_a_terminal_print_a_plain_line_per_epoch(capsys, kind):
+    out = io.StringIO()
+    bar = (
+        ciclo.keras_bar(total=9)
+        if kind == "keras"
+        else ciclo.tqdm_bar(total=9, file=out)
+    )
+    ciclo.train_loop(
+        0,
+        range(9),
+        {ciclo.on_train_step: host_step},
+        callbacks=[bar],
+        epoch_duration=3,
+    )
+    text = capsys.readouterr().out if kind == "keras" else out.getvalue()
+    assert "\r" not in text and "\b" not in text
+    lines = text.splitlines()
+    assert [line.split(" ")[0] for line in lines] == ["3/9", "6/9", "9/9"], text
+    if kind == "keras":
+        assert lines[0].endswith("loss: 0.3333 - acc: 0.2000")
+        assert lines[2].endswith("loss: 0.1111 - acc: 0.8000")
+    else:
+        assert lines[0].endswith("loss=0.333, acc=0.2]")
+        assert lines[2].endswith("loss=0.111, acc=0.8]")
+
+
+def test_bars_plain_mode_can_be_forced_either_way(monkeypatch):
+    out = FakeTTY()  # a terminal, but plain lines asked for
+    bar = ciclo.tqdm_bar(total=4, file=out, plain=True)
+    ciclo.loop(0, range(4), {ciclo.every(1): [host_step, bar]})
+    assert "\r" not in out.getvalue() and out.getvalue().startswith("4/4 [")
+    out = io.StringIO()  # not a terminal, but redrawn in place
+    bar = ciclo.tqdm_bar(total=4, file=out, plain=False, interval=0.0)
+    ciclo.loop(0, range(4), {ciclo.every(1): [host_step, bar]})
+    assert out.getvalue().count("\r") >= 4
+    with pytest.raises(ValueError, match="plain_interval"):
+        ciclo.keras_bar(plain_interval=-1)
+    with pytest.raises(TypeError, match="plain"):
+        ciclo.tqdm_bar(plain="yes")
+
+
+# -- what is true now: no ETA without a rate, the last step's values -------------
+
+
+def test_keras_bar_shows_no_eta_before_it_has_a_rate(monkeypatch):
+    tty = as_tty(monkeypatch)
+    clock = FakeClock(monkeypatch)
+    bar = ciclo.keras_bar(total=10, interval=0.0)
+    ciclo.loop(
+        jnp.float32(0), batches(10), {ciclo.every(1): [train_step, clock.tick, bar]}
+    )
+    out = tty.getvalue()
+    assert "\r" in out  # a terminal: redrawn in place
+    frames = [frame for frame in out.replace("\b", "").split("\r") if frame]
+    # the first frame has no rate yet: no ETA at all (pkbar alone: "ETA: 0s")
+    assert frames[0].startswith(" 1/10 [") and "ETA" not in frames[0], frames[0]
+    # from the second on the rate is measured (1 s per step)
+    assert frames[1].startswith(" 2/10 [") and "ETA: 8s" in frames[1], frames[1]
+    assert "ETA: 0s" not in out
+
+
+def test_keras_bar_after_ctrl_c_shows_the_last_steps_values(capsys, monkeypatch):
+    def interrupt(state, batch, elapsed):
+        if elapsed.steps == 3:  # after the 4th batch's step, before the bar
+            raise KeyboardInterrupt
+
+    # not a terminal
+    bar = ciclo.keras_bar(total=10)
+    _, history, elapsed = ciclo.loop(
+        0, range(10), {ciclo.every(1): [host_step, interrupt, bar]}
+    )
+    out = capsys.readouterr().out
+    assert elapsed.steps == 4 and history.collect("acc")[-1] == 0.3
+    assert out.splitlines()[-1].startswith("4/10 - ")
+    assert out.splitlines()[-1].endswith("loss: 0.2500 - acc: 0.3000") and bar.closed
+    # a terminal, device values
+    tty = as_tty(monkeypatch)
+    bar = ciclo.keras_bar(total=10, interval=0.0)
+    ciclo.loop(
+        jnp.float32(0), batches(10), {ciclo.every(1): [train_step, interrupt, bar]}
+    )
+    out = tty.getvalue()
+    line = last_line(out)
+    assert line.startswith(" 4/10 [") and out.endswith("\n") and bar.closed
+    assert "loss: 0.2500" in line and "acc: 0.3000" in line
+
+
+def test_tqdm_bar_after_ctrl_c_shows_the_last_steps_values():
+    def interrupt(state, batch, elapsed):
+        if elapsed.steps == 3:
+            raise KeyboardInterrupt
+
+    out = io.StringIO()
+    bar = ciclo.tqdm_bar(total=10, file=out)
+    ciclo.train_loop(
+        0,
+        range(10),
+        {ciclo.on_train_step: [host_step, interrupt]},
+        callbacks=[bar],
+    )
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("4/10 [")
+    assert lines[0].endswith("loss=0.25, acc=0.3]") and bar.closed
