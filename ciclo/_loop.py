@@ -383,5 +383,6 @@ class _Run:
         ls = self.ls
         if ls.logs and len(ls.history) == self.rows:
             ls.history.commit(self.current, ls.logs)
+            ls._committed.merge(ls.logs)  # `accumulated_logs` in the end hooks
         if ls.state is not self.state:
             self.current = ls.elapsed_after

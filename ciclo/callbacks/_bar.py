@@ -1,9 +1,11 @@
 """`ProgressBar`: what `keras_bar` and `tqdm_bar` share.
 
 The protocol (loop element, `__loop_callback__`, `__loop_end__`, the by-hand call),
-the throttled, lagged redraw, and how far along a `total` the run is. Subclasses
-only draw: `_draw(current, target, unit, values)` and `_close(current, target,
-unit, values)`.
+the throttled, lagged redraw, how far along a `total` the run is, and the two
+output modes: redrawn in place on a terminal, or plain lines (one per epoch end or
+every `plain_interval` seconds) on anything else — a log file, a pipe, CI. Subclasses
+only draw: `_stream()`, `_draw(current, target, unit, values)` and
+`_close(current, target, unit, values)`, reading `_plain`, `_seconds` and `_rate`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ciclo._time import Elapsed, Period, as_period, batch_size
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import LaggedValues
 
-__all__ = ["ProgressBar", "progress"]
+__all__ = ["ProgressBar", "format_duration", "is_terminal", "progress"]
 
 _FIELDS = (("steps", "step"), ("samples", "sample"), ("time", "s"), ("date", "s"))
 
@@ -57,6 +59,39 @@ def progress(
     return best
 
 
+def is_terminal(stream: Any) -> bool:
+    """Whether `stream` shows a line redrawn in place (`\\r`): a terminal, or a
+    Jupyter cell's output (which handles `\\r` though it is no tty)."""
+    try:
+        if stream.isatty():
+            return True
+    except Exception:  # no isatty, or a closed file
+        pass
+    return type(stream).__module__.startswith("ipykernel")
+
+
+def format_duration(seconds: float) -> str:
+    """`12s`, `1:02` or `1:02:05`, as pkbar writes its ETA."""
+    if seconds > 3600:
+        return (
+            f"{seconds // 3600:.0f}:{(seconds % 3600) // 60:02.0f}:{seconds % 60:02.0f}"
+        )
+    if seconds > 60:
+        return f"{seconds // 60:.0f}:{seconds % 60:02.0f}"
+    return f"{seconds:.0f}s"
+
+
+def _check_seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(
+            f"`{name}` must be a number of seconds, got {value!r} "
+            f"({type(value).__name__})."
+        )
+    if value < 0:
+        raise ValueError(f"`{name}` must be >= 0 seconds, got {value}.")
+    return float(value)
+
+
 def _check_total(total: Any) -> Period | None:
     if total is None:
         return None
@@ -75,31 +110,41 @@ class ProgressBar(LoopElement):
 
     Args:
         total: the length of the run: an int (steps) or a `Period`; None if unknown.
-        interval: the least seconds between two redraws.
+        interval: the least seconds between two redraws (terminal).
+        plain_interval: the seconds between two plain lines (not a terminal).
+        plain: True: plain lines; False: redraw in place; None: plain lines when
+            the bar's stream is not a terminal.
     """
 
-    def __init__(self, total: int | Period | None, interval: float):
-        if isinstance(interval, bool) or not isinstance(interval, int | float):
-            raise TypeError(
-                f"`interval` must be a number of seconds, got {interval!r} "
-                f"({type(interval).__name__})."
-            )
-        if interval < 0:
-            raise ValueError(f"`interval` must be >= 0 seconds, got {interval}.")
+    def __init__(
+        self,
+        total: int | Period | None,
+        interval: float,
+        plain_interval: float = 10.0,
+        plain: bool | None = None,
+    ):
+        self.interval = _check_seconds(interval, "interval")
+        self.plain_interval = _check_seconds(plain_interval, "plain_interval")
+        if plain not in (None, True, False):
+            raise TypeError(f"`plain` must be None, True or False; got {plain!r}.")
         self.total = _check_total(total)
-        self.interval = float(interval)
+        self.plain = plain
         # Only a total in steps alone can be checked without the batch size / clock.
         self._steps_only = self.total is not None and self.total.fields().keys() == {
             "steps"
         }
         self._values = LaggedValues()
-        self._last_draw = -math.inf
-        self._open = False  # drawn at least once, not closed yet
-        self._finished = False  # reached `total`; later calls are ignored
-        self._last_position: tuple[float, float | None, str] | None = None
+        self._epoch_mark = _EpochEnd(self)
         self.closed = False
+        self._reset()
 
     # -- registration -----------------------------------------------------------
+    @property
+    def on_epoch_end(self) -> Any:
+        """Marks the end of an epoch in `train_loop`: in plain-line mode the bar
+        then writes a line when it next runs (on that batch's end)."""
+        return self._epoch_mark
+
     @property
     def on_train_batch_end(self) -> ProgressBar:
         """The bar itself: `train_loop(callbacks=[bar])` runs it after each batch."""
@@ -148,6 +193,9 @@ class ProgressBar(LoopElement):
     def __loop_end__(self, loop_state: Any) -> None:
         """Shows the final values and closes the bar (normal end, Ctrl-C, error)."""
         if not self._finished and self._open:
+            # what the loop committed last, also from a batch cut short (Ctrl-C)
+            # after the bar's own call
+            self._values.offer(loop_state.accumulated_logs)
             self._finish(loop_state.elapsed)
         self._reset()
 
@@ -161,7 +209,7 @@ class ProgressBar(LoopElement):
     # -- internals ----------------------------------------------------------------
     def _due(self, before: Elapsed) -> bool:
         """Cheap per-step test: a redraw is due, or the total may be reached."""
-        if _time.monotonic() - self._last_draw >= self.interval:
+        if _time.monotonic() - self._last_draw >= self._every or self._epoch_ended:
             return True
         total = self.total
         if total is None:
@@ -170,21 +218,33 @@ class ProgressBar(LoopElement):
             return before.steps + 1 >= total.steps
         return True
 
+    def _start(self, current: float) -> None:
+        """A new run: decides the output mode and starts measuring the rate."""
+        self._open, self.closed = True, False
+        plain = self.plain
+        self._plain = not is_terminal(self._stream()) if plain is None else plain
+        self._every = self.plain_interval if self._plain else self.interval
+        self._origin = (current, _time.time())
+        if self._plain:  # the first line after an interval, or at an epoch end
+            self._last_draw = _time.monotonic()
+
     def _update(self, done: Elapsed) -> None:
         if self._finished:
             return
-        if not self._open:
-            self.closed = False
         current, target, unit = progress(self.total, done)
+        if not self._open:
+            self._start(current)
+        self._last_position = (current, target, unit)
+        self._seconds = _run_seconds(done)
         if target is not None and current >= target:
             self._finish(done)
             return
+        epoch_end, self._epoch_ended = self._epoch_ended, False
         now = _time.monotonic()
-        if now - self._last_draw < self.interval:
+        # a terminal redraws at most every `interval`, epochs or not
+        if now - self._last_draw < self._every and not (epoch_end and self._plain):
             return
         self._last_draw = now
-        self._open = True
-        self._last_position = (current, target, unit)
         self._draw(current, target, unit, self._values.read())
 
     def _finish(self, done: Elapsed) -> None:
@@ -193,19 +253,42 @@ class ProgressBar(LoopElement):
         if drawn is not None and drawn[0] > current:
             # an error inside a step: never move the bar backwards
             current, target, unit = drawn
-        self._open = True
+        if not self._open:
+            self._start(current)
+        self._seconds = _run_seconds(done)
         self._finished = True
         self._close(current, target, unit, self._values.read_final())
         self.closed = True
 
+    def _rate(self, current: float) -> float | None:
+        """Seconds per unit measured by this bar since its run started (so neither
+        a resumed run nor a slow, compiling first step skews it); None until it
+        has timed some progress."""
+        if self._origin is None:
+            return None
+        first, started = self._origin
+        seconds = _time.time() - started
+        if current > first and seconds > 0:
+            return seconds / (current - first)
+        return None
+
     def _reset(self) -> None:
         self._values.clear()
         self._last_draw = -math.inf
-        self._open = False
-        self._finished = False
-        self._last_position = None
+        self._every = self.interval
+        self._open = False  # started, not closed yet
+        self._finished = False  # reached `total`; later calls are ignored
+        self._epoch_ended = False
+        self._plain = False  # this run's mode, decided when it starts
+        self._origin: tuple[float, float] | None = None  # (current, wall time)
+        self._seconds = 0.0  # since the run started counting (Elapsed.date_start)
+        self._last_position: tuple[float, float | None, str] | None = None
 
     # -- drawing (subclasses) -----------------------------------------------------
+    def _stream(self) -> Any:
+        """Where the bar writes (to tell a terminal from a file)."""
+        raise NotImplementedError
+
     def _draw(
         self, current: float, target: float | None, unit: str, values: dict
     ) -> None:
@@ -215,3 +298,26 @@ class ProgressBar(LoopElement):
         self, current: float, target: float | None, unit: str, values: dict
     ) -> None:
         raise NotImplementedError
+
+
+def _run_seconds(done: Elapsed) -> float:
+    return max(float(done.time), _time.time() - float(done.date_start))
+
+
+class _EpochEnd:
+    """A bar's `on_epoch_end`: tells the bar the current batch ends an epoch."""
+
+    __slots__ = ("bar",)
+
+    def __init__(self, bar: ProgressBar):
+        self.bar = bar
+
+    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+        self.bar._epoch_ended = True
+        return None, None
+
+    def __call__(self, *args: Any) -> None:
+        self.bar._epoch_ended = True
+
+    def __repr__(self) -> str:
+        return f"{type(self.bar).__name__}.on_epoch_end"

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import re
 import sys
 import time as _time
 
 import pkbar
 
 from ciclo._time import Period
-from ciclo.callbacks._bar import ProgressBar
+from ciclo.callbacks._bar import ProgressBar, format_duration
 
 __all__ = ["keras_bar"]
 
@@ -20,11 +22,18 @@ class keras_bar(ProgressBar):
 
     Shows the losses, metrics and stateful metrics logged so far (by bare name, each
     once, latest value — not averaged, since one bar spans the whole run), with an
-    ETA when `total` is known. Values are read lagged: a device array is converted
-    only once it is ready, and the bar redraws at most every `interval` seconds, so
-    it never makes the host wait for the device during training. The final values
-    are shown when the total is reached or the loop ends (also on Ctrl-C or an
-    error), and the line is then closed with a newline.
+    ETA when `total` is known, once the bar has timed some progress (no ETA before
+    there is a rate). Values are read lagged: a device array is converted only once
+    it is ready, and the bar redraws at most every `interval` seconds, so it never
+    makes the host wait for the device during training. The final values are shown
+    when the total is reached or the loop ends (also on Ctrl-C or an error), and
+    the line is then closed with a newline.
+
+    When `sys.stdout` is not a terminal (a log file, a pipe, CI) the bar is not
+    redrawn: it prints one plain line at each epoch end of `train_loop` and every
+    `plain_interval` seconds, and a final line when the loop ends:
+
+        40/100 - 12s - ETA: 18s - loss: 0.3821 - accuracy: 0.9012
 
     In `ciclo.loop` put it last (`{**ciclo.keras_bar(total=n)}` runs it every step);
     in `ciclo.train_loop(callbacks=[...])` it runs on `on_train_batch_end` (not in
@@ -37,14 +46,19 @@ class keras_bar(ProgressBar):
             (`ciclo.at(samples=...)`, `ciclo.at(time=...)`: seconds, or
             milliseconds for a total under 10 s); with several fields the one
             closest to being reached is shown. None: no ETA.
-        interval: the least seconds between two redraws.
+        interval: the least seconds between two redraws (on a terminal).
+        plain_interval: the seconds between two plain lines (not a terminal).
+        plain: True: always plain lines; False: always redraw in place; None
+            (default): plain lines when `sys.stdout` is not a terminal (a Jupyter
+            cell counts as one).
         width: the width of the bar in characters.
         verbose: 1 draws the bar, 2 prints only the final line (also when the
             loop ends before `total`), 0 prints nothing.
 
     Raises:
         TypeError: if `total` is neither an int nor a `Period`.
-        ValueError: if `total` or `interval` is negative, or `verbose` is invalid.
+        ValueError: if `total`, `interval` or `plain_interval` is negative, or
+            `verbose` is invalid.
 
     Example:
         >>> import contextlib, io, ciclo
@@ -53,12 +67,11 @@ class keras_bar(ProgressBar):
         ...     _ = logs.add_loss("loss", 1.0 / (batch + 1))
         ...     return logs, state
         >>> bar = ciclo.keras_bar(total=4)
-        >>> out = io.StringIO()
+        >>> out = io.StringIO()  # not a terminal: plain lines
         >>> with contextlib.redirect_stdout(out):  # pkbar prints to sys.stdout
         ...     _ = ciclo.loop(None, range(4), {ciclo.every(1): train_step, **bar})
-        >>> final_line = out.getvalue().splitlines()[-1]
-        >>> final_line.startswith("4/4 ["), final_line.endswith("loss: 0.2500")
-        (True, True)
+        >>> print(out.getvalue(), end="")  # doctest: +ELLIPSIS
+        4/4 - ...s - loss: 0.2500
     """
 
     def __init__(
@@ -66,10 +79,12 @@ class keras_bar(ProgressBar):
         total: int | Period | None = None,
         *,
         interval: float = 0.1,
+        plain_interval: float = 10.0,
+        plain: bool | None = None,
         width: int = 30,
         verbose: int = 1,
     ):
-        super().__init__(total, interval)
+        super().__init__(total, interval, plain_interval, plain)
         if verbose not in (0, 1, 2):
             raise ValueError(f"`verbose` must be 0, 1 or 2; got {verbose!r}.")
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
@@ -77,7 +92,9 @@ class keras_bar(ProgressBar):
         self.width = width
         self.verbose = verbose
         self._kbar: pkbar.Kbar | None = None
-        self._first: tuple[float, float] | None = None  # (current, wall time)
+
+    def _stream(self):
+        return sys.stdout  # pkbar writes there
 
     def _bar(self, target: float | None, unit: str) -> pkbar.Kbar:
         if self._kbar is None:
@@ -93,37 +110,72 @@ class keras_bar(ProgressBar):
         return self._kbar
 
     def _draw(self, current, target, unit, values) -> None:
-        current, target, unit = _whole_units(current, target, unit)
+        if self.verbose != 1:  # verbose=2 prints only the final line
+            return
+        rate = self._rate(current)
+        if self._plain:
+            eta = None
+            if rate is not None and target is not None:
+                eta = rate * (target - current)
+            current, target, _ = _whole_units(current, target, unit)
+            _write(_summary(current, target, self._seconds, values, eta))
+            return
+        shown, target, unit = _whole_units(current, target, unit)
         kbar = self._bar(target, unit)
-        now = _time.time()
-        if self._first is None:
-            self._first = (current, now)
+        items = list(values.items())
+        if rate is not None:
+            # pkbar's ETA is (seconds since it started / current) * remaining; move
+            # its start so that the rate is the one measured by this bar (which
+            # opens mid-run when resumed, and after the first, compiling step).
+            kbar._start = _time.time() - rate * current
+            kbar.update(shown, values=items)
+        elif target is not None and shown < target:
+            _update_without_eta(kbar, shown, items)  # no rate: no `ETA: 0s`
         else:
-            # pkbar's ETA is (seconds since it started / current) * remaining; when
-            # the bar opens mid-run (a resumed run, or after the first compiled step)
-            # move its start so that the rate is the one measured by this bar.
-            first, started = self._first
-            if current > first and current > 0:
-                rate = (now - started) / (current - first)
-                kbar._start = now - rate * current
-        kbar.update(current, values=list(values.items()))
+            kbar.update(shown, values=items)
 
     def _close(self, current, target, unit, values) -> None:
+        rate = self._rate(current)
         current, target, unit = _whole_units(current, target, unit)
         if unit == "ms" and target is not None:
             current = min(current, target)  # reached: don't show the read latency
-        kbar = self._bar(target, unit)
-        kbar.update(current, values=list(values.items()))
-        if target is None or current < target:
-            # pkbar ends the line (verbose=1) or prints at all (verbose=2) only at
-            # its target
-            if self.verbose == 1:
-                sys.stdout.write("\n")
-            elif self.verbose == 2:
-                seconds = _time.time() - kbar._start
-                sys.stdout.write(_summary(current, target, seconds, values))
-            sys.stdout.flush()
-        self._kbar, self._first = None, None
+        if self.verbose == 2 or (self.verbose == 1 and self._plain):
+            _write(_summary(current, target, self._seconds, values))
+        elif self.verbose == 1:
+            kbar = self._bar(target, unit)
+            items = list(values.items())
+            if rate is not None:
+                kbar._start = _time.time() - rate * current
+            if rate is None and target is not None and current < target:
+                _update_without_eta(kbar, current, items)
+            else:
+                kbar.update(current, values=items)
+            if target is None or current < target:
+                sys.stdout.write("\n")  # pkbar ends the line only at its target
+                sys.stdout.flush()
+        self._kbar = None
+
+
+_ETA = re.compile(r" - ETA: [^ ]+")
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _update_without_eta(kbar: pkbar.Kbar, current: float, values: list) -> None:
+    """`kbar.update` with its ETA (computed from no measured rate) left out."""
+    stdout = sys.stdout
+    sys.stdout = buffer = io.StringIO()
+    try:
+        kbar.update(current, values=values)
+    finally:
+        sys.stdout = stdout
+    text = buffer.getvalue()
+    shown = _ETA.sub("", text, count=1)
+    # blank the columns the ETA took: the previous line may have been that long
+    _write(shown + " " * (len(text) - len(shown)))
 
 
 def _whole_units(current: float, target: float | None, unit: str):
@@ -133,10 +185,19 @@ def _whole_units(current: float, target: float | None, unit: str):
     return current, target, unit
 
 
-def _summary(current: float, target: float | None, seconds: float, values) -> str:
-    """The final line of verbose=2, as pkbar writes it at its target."""
+def _summary(
+    current: float,
+    target: float | None,
+    seconds: float,
+    values,
+    eta: float | None = None,
+) -> str:
+    """One plain line, as pkbar writes its final line with verbose=2:
+    `40/100 - 12s - ETA: 18s - loss: 0.3821 - accuracy: 0.9012`."""
     parts = [f"{int(current)}/{'Unknown' if target is None else int(target)}"]
     parts.append(f"{seconds:.0f}s")
+    if eta is not None:
+        parts.append(f"ETA: {format_duration(eta)}")
     for name, value in values.items():
         try:
             number = float(value)
