@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -240,10 +241,18 @@ def test_wandb_offline_run_holds_the_logged_keys(tmp_path, monkeypatch):
     assert logger.rows_written == 4 and logger.run is None  # finished
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
-    # the offline run's log holds the history records with the logged keys
-    (record,) = runs[0].glob("run-*.wandb")
-    data = record.read_bytes()
-    for key in (b"loss", b"acc", b"samples", b"time"):
+    # the offline run's log holds the history records with the logged keys (wandb's
+    # service process may still be writing it for a moment after finish())
+    keys = (b"loss", b"acc", b"samples", b"time")
+    deadline = time.monotonic() + 20
+    while True:
+        records = list(runs[0].glob("run-*.wandb"))
+        data = records[0].read_bytes() if records else b""
+        if all(key in data for key in keys) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(records) == 1
+    for key in keys:
         assert key in data
 
 
