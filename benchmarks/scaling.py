@@ -25,11 +25,10 @@ import time
 
 import jax
 import numpy as np
+from vs_raw import TX, _fit, init_params
 
 import ciclo
 from ciclo import managed
-
-from vs_raw import TX, _fit, init_params
 
 
 def batches(size: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -37,7 +36,9 @@ def batches(size: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
     x, y = load_digits(return_X_y=True)
     x, y = (x / 16.0).astype(np.float32), y.astype(np.int32)
-    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(x) - size + 1, size)]
+    return [
+        (x[i : i + size], y[i : i + size]) for i in range(0, len(x) - size + 1, size)
+    ]
 
 
 def run(strategy, step, data, steps):

@@ -52,7 +52,10 @@ def digits_batches() -> list[tuple[np.ndarray, np.ndarray]]:
     x = (x / 16.0).astype(np.float32)
     y = y.astype(np.int32)
     n = len(x) // BATCH
-    return [(x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]) for i in range(n)]
+    return [
+        (x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH])
+        for i in range(n)
+    ]
 
 
 def stream(batches, steps):
@@ -114,7 +117,9 @@ def managed_state():
 
 
 def run_loop(batches, steps, state):
-    state, history, _ = ciclo.loop(state, stream(batches, steps), {ciclo.every(1): train_step})
+    state, history, _ = ciclo.loop(
+        state, stream(batches, steps), {ciclo.every(1): train_step}
+    )
     jax.block_until_ready(state)
     history.collect("loss")  # everything on the host
 
@@ -168,7 +173,11 @@ def keras_model(steps_per_execution):
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
-        [keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)]
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10),
+        ]
     )
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),
@@ -206,7 +215,11 @@ def main():
         f"Keras 3 fit, steps_per_execution={K}": (run_keras, lambda: keras_model(K)),
     }
     if args.only:
-        variants = {k: v for k, v in variants.items() if k == "raw jitted loop" or any(o in k for o in args.only)}
+        variants = {
+            k: v
+            for k, v in variants.items()
+            if k == "raw jitted loop" or any(o in k for o in args.only)
+        }
     states = {}
     for name, (run, make) in variants.items():  # compile and warm up
         states[name] = make()
@@ -217,7 +230,9 @@ def main():
             state = states[name]
             start = time.perf_counter()
             inner = run(batches, args.steps, state)
-            times[name].append(inner if inner is not None else time.perf_counter() - start)
+            times[name].append(
+                inner if inner is not None else time.perf_counter() - start
+            )
     median = {name: float(np.median(t)) for name, t in times.items()}
     raw = median["raw jitted loop"]
     print(
@@ -230,7 +245,9 @@ def main():
     print("| variant | steps/s (median) | × raw loop |")
     print("| --- | ---: | ---: |")
     for name in variants:
-        print(f"| {name} | {args.steps / median[name]:,.0f} | {raw / median[name]:.2f} |")
+        print(
+            f"| {name} | {args.steps / median[name]:,.0f} | {raw / median[name]:.2f} |"
+        )
 
 
 if __name__ == "__main__":

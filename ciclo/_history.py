@@ -177,21 +177,39 @@ class History:
         the next lagged transfer, and split on the host.
         """
         n, rows = steps.n, steps.rows
-        per_step = steps.samples // n if n else 0
-        entries = [(c, name, v) for c, name, v in Logs(rows).entries()]
-        for i in range(n):
-            row = Logs()
-            for collection, name, value in entries:
-                row.add_entry(collection, name, _Row(value, i))
-            if i == n - 1:
-                row.merge(logs)
-            e = _make(
-                elapsed.steps + i,
-                elapsed.samples + i * per_step,
-                elapsed.date,
-                elapsed.date_start,
-            )
-            self.commit(e, row)
+        if n < 1:
+            return
+        if not isinstance(logs, Logs):
+            logs = Logs(logs)
+        per_step = steps.samples // n
+        in_last = {(c, name) for c, name, _ in logs.entries()}
+        first, columns = self._rows, self._columns
+        for collection, name, value in Logs(rows).entries():
+            column = columns.get((collection, name))
+            if column is None:
+                column = columns[(collection, name)] = _Column()
+                self._entries.append(column)
+            count = n - 1 if (collection, name) in in_last else n
+            column.rows.extend(range(first, first + count))
+            column.pending.extend(_Row(value, i) for i in range(count))
+        # rows 0 .. n-2 (the last one is committed below, with `logs`)
+        steps_column, samples, time, date = self._elapsed
+        s0, m0 = int(elapsed.steps), int(elapsed.samples)
+        steps_column.values.extend(range(s0, s0 + n - 1))
+        samples.values.extend([m0 + i * per_step for i in range(n - 1)])
+        time.values.extend([float(elapsed.time)] * (n - 1))
+        date.values.extend([float(elapsed.date)] * (n - 1))
+        before = self._rows - self._fetched
+        self._rows = first + n - 1
+        behind = self._rows - self._fetched
+        if behind >= 4 * self.lag:
+            self._flush(self._fetched + self.lag)
+        elif behind // self.lag != before // self.lag:
+            self._flush(self._ready())
+        last = _make(
+            s0 + n - 1, m0 + (n - 1) * per_step, elapsed.date, elapsed.date_start
+        )
+        self.commit(last, logs)
 
     def _ready(self) -> int:
         """The first row whose values are not all computed (checked without waiting)."""
