@@ -20,6 +20,7 @@ from typing import Any
 
 from ciclo._time import Elapsed as Elapsed
 from ciclo._time import Period as Period
+from ciclo._time import Steps as Steps
 from ciclo._time import at as at
 from ciclo._time import elapse as elapse
 from ciclo._logs import Logs as Logs
@@ -35,6 +36,7 @@ from ciclo._schedules import never as never
 from ciclo._schedules import piecewise as piecewise
 from ciclo._loop import LoopState as LoopState
 from ciclo._loop import loop as loop
+from ciclo._fused import fuse as fuse
 from ciclo._loops.named import on_epoch_end as on_epoch_end
 from ciclo._loops.named import on_predict_batch_begin as on_predict_batch_begin
 from ciclo._loops.named import on_predict_batch_end as on_predict_batch_end
@@ -112,6 +114,7 @@ __all__ = [
     "LoopState",
     "Period",
     "Schedule",
+    "Steps",
     "Strategy",
     "after",
     "always",
@@ -123,6 +126,7 @@ __all__ = [
     "early_stopping",
     "elapse",
     "every",
+    "fuse",
     "get_strategy",
     "history",
     "inject",

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ciclo._logs import Logs, locate
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, Steps, _make
 
 __all__ = ["History", "history"]
 
@@ -52,6 +52,16 @@ class _Column:
         ):
             value = bool(value)  # a singleton: 8 bytes in the list
         values.append(value)
+
+
+class _Row:
+    """Row `index` of a value stacked over the steps of a fused call (`Steps.rows`);
+    the stacked array is fetched once for all its rows."""
+
+    __slots__ = ("index", "stacked")
+
+    def __init__(self, stacked: Any, index: int):
+        self.stacked, self.index = stacked, index
 
 
 class _ElapsedColumn:
@@ -157,6 +167,50 @@ class History:
         elif behind % self.lag == 0:
             self._flush(self._ready())
 
+    def commit_steps(self, elapsed: Elapsed, steps: Steps, logs: Logs) -> None:
+        """Appends the `steps.n` rows of a fused call: row `i` at `elapsed.steps + i`
+        (samples likewise, each step counting `steps.samples // steps.n`) with
+        the per-step values of `steps.rows`; the last row also holds `logs` (the
+        call's other entries; an entry in both is taken from `logs`).
+
+        No value is sliced on the device: each stacked array is fetched once, in
+        the next lagged transfer, and split on the host.
+        """
+        n, rows = steps.n, steps.rows
+        if n < 1:
+            return
+        if not isinstance(logs, Logs):
+            logs = Logs(logs)
+        per_step = steps.samples // n
+        in_last = {(c, name) for c, name, _ in logs.entries()}
+        first, columns = self._rows, self._columns
+        for collection, name, value in Logs(rows).entries():
+            column = columns.get((collection, name))
+            if column is None:
+                column = columns[(collection, name)] = _Column()
+                self._entries.append(column)
+            count = n - 1 if (collection, name) in in_last else n
+            column.rows.extend(range(first, first + count))
+            column.pending.extend(_Row(value, i) for i in range(count))
+        # rows 0 .. n-2 (the last one is committed below, with `logs`)
+        steps_column, samples, time, date = self._elapsed
+        s0, m0 = int(elapsed.steps), int(elapsed.samples)
+        steps_column.values.extend(range(s0, s0 + n - 1))
+        samples.values.extend([m0 + i * per_step for i in range(n - 1)])
+        time.values.extend([float(elapsed.time)] * (n - 1))
+        date.values.extend([float(elapsed.date)] * (n - 1))
+        before = self._rows - self._fetched
+        self._rows = first + n - 1
+        behind = self._rows - self._fetched
+        if behind >= 4 * self.lag:
+            self._flush(self._fetched + self.lag)
+        elif behind // self.lag != before // self.lag:
+            self._flush(self._ready())
+        last = _make(
+            s0 + n - 1, m0 + (n - 1) * per_step, elapsed.date, elapsed.date_start
+        )
+        self.commit(last, logs)
+
     def _ready(self) -> int:
         """The first row whose values are not all computed (checked without waiting)."""
         first = self._rows
@@ -169,6 +223,8 @@ class History:
                 row = column.rows[start + i]
                 if row >= first:
                     break
+                if isinstance(value, _Row):
+                    value = value.stacked
                 if isinstance(value, jax.Array) and not value.is_ready():
                     first = row
                     break
@@ -453,6 +509,14 @@ def _plot_groups(
 def _to_host(values: list[Any]) -> list[Any]:
     """`values` on the host: device scalars stacked on the device and fetched with one
     transfer per (dtype, sharding); other device arrays in one `jax.device_get`."""
+    stacked = [i for i, v in enumerate(values) if isinstance(v, _Row)]
+    if stacked:  # fused rows: each stacked array fetched once, split on the host
+        arrays = {id(values[i].stacked): values[i].stacked for i in stacked}
+        host = dict(zip(arrays, jax.device_get(list(arrays.values()))))
+        values = list(values)
+        for i in stacked:
+            row = values[i]
+            values[i] = np.asarray(host[id(row.stacked)])[row.index]
     out = list(values)
     scalars: dict[Any, list[int]] = {}
     arrays: list[int] = []

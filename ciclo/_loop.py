@@ -3,6 +3,13 @@
 It owns the per-batch timeline: for each batch it computes `elapsed` (before the
 batch) and `elapsed_after` (counting it) once, runs the firing schedules' callbacks,
 commits the step's logs, and decides whether to stop.
+
+Fused execution has one hook here: a batch that is a `ciclo.Steps` (`n` batches
+stacked, built by `ciclo.fuse` when `steps_per_call > 1`) counts as `n` steps and
+its `samples`; when the step that ran it left per-step logs in `Steps.rows`, the
+history gets `n` rows (`History.commit_steps`) instead of one. Everything else —
+schedules, callbacks, stopping — sees the call as one batch, so schedules fire at
+call boundaries.
 """
 
 from __future__ import annotations
@@ -11,11 +18,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ciclo._callback import arity, describe, split_output
+from ciclo._fused import _check, declared_steps, fuse
 from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._resume import position, prepare
 from ciclo._schedules.base import fresh
-from ciclo._time import Elapsed, Period, as_period, batch_size
+from ciclo._time import Elapsed, Period, Steps, as_period, batch_size
 
 __all__ = ["LoopState", "loop"]
 
@@ -200,6 +208,7 @@ def loop(
     catch_keyboard_interrupt: bool = True,
     batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
     metadata: Any = None,
+    steps_per_call: int | None = None,
 ) -> tuple[Any, History, Elapsed]:
     """Runs `tasks` over `dataset`: for each batch, every firing schedule's callbacks.
 
@@ -233,6 +242,12 @@ def loop(
         catch_keyboard_interrupt: on Ctrl-C end cleanly and return what was reached.
         batch_size_fn: given a batch's leaf shapes, returns its size.
         metadata: anything; exposed as `loop_state.metadata`.
+        steps_per_call: fused execution: group `steps_per_call` consecutive
+            batches into one `ciclo.Steps` (see `ciclo.fuse`), which a managed
+            step runs in one compiled call and the loop counts as that many
+            steps. Default: what a callback declares (a managed step made with
+            `steps_per_call=`), else 1. Schedules are checked once per call;
+            a `stop` in steps is exact (the last call is shortened).
 
     Returns:
         `(state, history, elapsed)`, `elapsed` counting every consumed batch.
@@ -281,6 +296,13 @@ def loop(
             f"({type(dataset).__name__})."
         ) from None
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
+    if steps_per_call is None:
+        steps_per_call = declared_steps([*tasks.values()]) or 1
+    if _check(steps_per_call, "ciclo.loop") > 1:
+        limit = None
+        if stop_period is not None and stop_period.steps is not None:
+            limit = max(stop_period.steps - initial.steps, 0)
+        iterator = fuse(iterator, steps_per_call, batch_size_fn, limit)
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
     run = _Run(ls, plan, start, stop_period, batch_size_fn)
     try:
@@ -348,7 +370,12 @@ class _Run:
                 self._on_start()
                 if ls.stop_iteration or ls.stopping:
                     return
-            after = ls.elapsed_after = current.update(batch_size(batch, size_fn))
+            if type(batch) is Steps:  # fused: counts as batch.n steps
+                batch.rows = None
+                after = current.update(batch.samples, steps=batch.n)
+            else:
+                after = current.update(batch_size(batch, size_fn))
+            ls.elapsed_after = after
             self.state, self.rows, self.in_batch = ls.state, len(history), True
             for schedule, reads_loop_state, runners in plan:
                 if schedule(ls if reads_loop_state else current):
@@ -359,7 +386,10 @@ class _Run:
                     if ls.stop_iteration:
                         break
             logs = ls.logs
-            if logs:
+            if type(batch) is Steps and batch.rows is not None:
+                history.commit_steps(current, batch, logs)
+                ls._committed.merge(logs)
+            elif logs:
                 history.commit(current, logs)
                 ls._committed.merge(logs)
             current = self.current = after

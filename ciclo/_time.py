@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["Elapsed", "Period", "at", "elapse"]
+__all__ = ["Elapsed", "Period", "Steps", "at", "elapse"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,10 +211,11 @@ class Elapsed:
         now = _time.time()
         return _make(steps, samples, now, now)
 
-    def update(self, batch_size: int) -> Elapsed:
-        """Returns the elapsed after consuming one more batch of `batch_size`."""
+    def update(self, batch_size: int, steps: int = 1) -> Elapsed:
+        """Returns the elapsed after consuming one more batch of `batch_size`
+        samples (`steps` steps: more than one for a fused `Steps` batch)."""
         return _make(
-            self.steps + 1, self.samples + batch_size, _time.time(), self.date_start
+            self.steps + steps, self.samples + batch_size, _time.time(), self.date_start
         )
 
     def update_time(self) -> Elapsed:
@@ -317,6 +318,45 @@ def _unflatten_elapsed(_, children) -> Elapsed:
 jax.tree_util.register_pytree_with_keys(Elapsed, _flatten_elapsed, _unflatten_elapsed)
 
 
+class Steps:
+    """A batch that counts as `n` steps: `n` batches stacked on a new leading axis.
+
+    The loop recognises it (the one hook of fused execution): `elapsed_after`
+    advances by `n` steps and `samples` samples, so `elapsed` keeps counting real
+    steps. A step that understands it (a managed step, see
+    `managed.train_step(steps_per_call=...)`) runs the `n` steps in one compiled
+    call and may leave one log row per step in `rows` (a `Logs` whose values have a
+    leading axis of `n`, the last step's included); the loop then commits `n`
+    history rows, at steps `elapsed.steps + i` and samples
+    `elapsed.samples + i * samples // n`, the last row also holding the call's
+    other logs. Without `rows`, the call's logs are committed once, at the
+    `elapsed` before the call. `ciclo.fuse` (and `steps_per_call=` of the loops)
+    builds them from any dataset.
+
+    Attributes:
+        batch: the stacked batch; every leaf has shape `(n, batch_size, ...)`.
+        n: the number of steps it counts as.
+        samples: the samples of all `n` batches.
+        rows: per-step logs left by the step for the history (None: none).
+
+    Example:
+        >>> import ciclo, numpy as np
+        >>> fused = ciclo.Steps(np.zeros((4, 32, 3)), n=4, samples=128)
+        >>> elapsed = ciclo.Elapsed.create().update(fused.samples, steps=fused.n)
+        >>> elapsed.steps, elapsed.samples
+        (4, 128)
+    """
+
+    __slots__ = ("batch", "n", "rows", "samples")
+
+    def __init__(self, batch: Any, n: int, samples: int):
+        self.batch, self.n, self.samples = batch, int(n), int(samples)
+        self.rows = None
+
+    def __repr__(self) -> str:
+        return f"Steps(n={self.n}, samples={self.samples})"
+
+
 def _leaves(batch: Any) -> list[Any]:
     """Leaves of a batch, looking inside dataclasses that are not registered pytrees."""
     common = type(batch) is tuple or type(batch) is list  # (x, y): no flatten
@@ -396,4 +436,7 @@ def elapse(
         except StopIteration:
             return
         yield elapsed, batch
-        elapsed = elapsed.update(batch_size(batch, batch_size_fn))
+        if type(batch) is Steps:
+            elapsed = elapsed.update(batch.samples, steps=batch.n)
+        else:
+            elapsed = elapsed.update(batch_size(batch, batch_size_fn))

@@ -51,6 +51,25 @@ def four_device_results() -> dict:
             return pickle.load(f)
 
 
+@functools.cache
+def fused_results() -> dict:
+    """Results of `_fused_worker.py` (fused vs single steps on 4 CPU devices)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "results.pkl"
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "_fused_worker.py"), str(path)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            env=_env(),
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"fused worker failed:\n{proc.stdout}\n{proc.stderr}")
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -54,12 +54,16 @@ class FlaxConfig:
         log_grad_norm: log the gradients' global norm as the metric `grad_norm`.
         grads_fn: `grads_fn(grads[, state]) -> logs or None`, called in each
             train step with the gradients; its logs are added to the step's.
+        steps_per_call: the train steps `train_loop` fuses into one call.
+        fused_logs: `"all"` or `"mean"`: what a fused call logs.
     """
 
     model: ModelAdapter
     objectives: Objectives
     log_grad_norm: bool = False
     grads_fn: Any = None
+    steps_per_call: int = 1
+    fused_logs: str = "all"
 
 
 def _step_keys(state: FlaxState, training: bool, elapsed: Any) -> tuple[Any, Any]:
@@ -230,6 +234,17 @@ class FlaxState(managed.ManagedState):
         strategy = get_strategy(self.strategy)
         empty = self.config.objectives.empty_states()
         return self.replace(metric_states=strategy.place_state(empty))
+
+    @property
+    def steps_per_call(self) -> int:
+        """The train steps `ciclo.train_loop` fuses into one compiled call
+        (`create_flax_state(..., steps_per_call=K)`); 1: no fusing."""
+        return self.config.steps_per_call
+
+    @property
+    def fused_logs(self) -> str:
+        """What a fused call logs: `"all"` (a row per step) or `"mean"`."""
+        return self.config.fused_logs
 
     @property
     def model(self) -> Any:

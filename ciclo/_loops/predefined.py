@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ciclo._callback import arity
+from ciclo._fused import _check, declared_steps, fuse
 from ciclo._history import History
 from ciclo._loop import loop
 from ciclo._loops.epoch import EpochEnd, Peekable
@@ -30,6 +31,7 @@ from ciclo._loops.named import (
     aliases_of,
     on_reset_step,
     on_test_step,
+    on_train_step,
 )
 from ciclo._loops.register import as_list, register
 from ciclo._resume import position, prepare
@@ -104,6 +106,7 @@ def train_loop(
     batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
     inner_loop_kwargs: Mapping[str, Any] | None = None,
     resume: str | os.PathLike | None = None,
+    steps_per_call: int | None = None,
 ) -> tuple[Any, History, Elapsed]:
     """Trains with named schedules, evaluating on `test_dataset` at each epoch end.
 
@@ -161,9 +164,18 @@ def train_loop(
     dataset = position(dataset, elapsed, skip, "train_loop")
     if test_duration is not None:
         as_period(test_duration, "test_duration")
-    data = Peekable(_iterate(dataset, "`dataset` is"))
     start = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
     stop_at = None if stop is None else as_period(stop, "stop")
+    data = _iterate(dataset, "`dataset` is")
+    if steps_per_call is None:
+        train_callbacks = [*named[on_train_step], *(v for _, v in ordinary)]
+        steps_per_call = declared_steps(train_callbacks, state) or 1
+    if _check(steps_per_call, "train_loop") > 1:
+        limit = None
+        if stop_at is not None and stop_at.steps is not None:
+            limit = max(stop_at.steps - start.steps, 0)
+        data = fuse(data, steps_per_call, batch_size_fn, limit)
+    data = Peekable(data)
     epoch = EpochEnd(epoch_duration, stop_at, start, data.exhausted)
     nested = []
     if test_dataset is not None:
@@ -184,6 +196,7 @@ def train_loop(
         state, data, tasks, stop=stop, on_start=on_start, on_end=on_end,
         history=history, elapsed=elapsed, metadata=metadata,
         catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
+        steps_per_call=1,  # grouped above, before the epoch's look-ahead
     )  # fmt: skip
 
 

@@ -14,17 +14,29 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import einop
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from ciclo._callback import arity, describe, inject, split_output
 from ciclo._logs import LOSSES, METRICS, OUTPUTS, STATEFUL_METRICS, Logs
 from ciclo._strategies.base import Collectives, Strategy, is_stateful_metric
 from ciclo._strategies.registry import get_strategy
+from ciclo._time import Elapsed, Steps
 from ciclo.callbacks._base import LoopElement
 
-__all__ = ["REDUCTIONS", "ManagedStep", "reduce_logs", "step", "train_step"]
+__all__ = [
+    "FUSED_LOGS",
+    "REDUCTIONS",
+    "ManagedStep",
+    "reduce_logs",
+    "step",
+    "train_step",
+]
+
+FUSED_LOGS = ("all", "mean")
 
 UserStep = Callable[..., Any]
 GradsFn = Callable[..., Any]
@@ -53,6 +65,67 @@ def reduce_logs(logs: Logs, collectives: Collectives) -> Logs:
             value = collectives.mean(value)
         out.add_entry(collection, name, value)
     return out
+
+
+def check_fused(steps_per_call: Any, fused_logs: Any, where: str) -> None:
+    """Validates the fused-execution options of a step or a state."""
+    if steps_per_call is not None and (
+        isinstance(steps_per_call, bool)
+        or not isinstance(steps_per_call, int)
+        or steps_per_call < 1
+    ):
+        raise TypeError(
+            f"{where}: steps_per_call must be a positive int (the steps run per "
+            f"compiled call), got {steps_per_call!r}."
+        )
+    if fused_logs is not None and fused_logs not in FUSED_LOGS:
+        raise ValueError(
+            f"{where}: fused_logs must be one of {FUSED_LOGS} (a history row per "
+            f"fused step, or one row per call with the steps' mean), got "
+            f"{fused_logs!r}."
+        )
+
+
+def _at_step(elapsed: Elapsed, i: Any, per_step: Any) -> Elapsed:
+    """`elapsed` moved `i` steps (of `per_step` samples) on, inside a fused call."""
+    e = object.__new__(Elapsed)
+    e.__dict__.update(elapsed.__dict__)
+    e.__dict__["steps"] = elapsed.steps + i
+    e.__dict__["samples"] = elapsed.samples + i * per_step
+    return e
+
+
+def _fold(stacked: Logs, mode: str) -> tuple[Logs, Logs | None]:
+    """A fused call's logs from the per-step ones (leading axis = steps):
+    `"all"`: the last step's values and the per-step rows; `"mean"`: losses,
+    metrics and other collections averaged over the steps, stateful metrics the
+    last step's (they are accumulated), outputs concatenated; no rows."""
+    if mode == "all":
+        return jax.tree.map(lambda x: x[-1], stacked), stacked
+    out = Logs()
+    for collection, name, value in stacked.entries():
+        if collection == STATEFUL_METRICS:
+            value = value[-1]
+        elif collection == OUTPUTS and jnp.ndim(value) >= 2:
+            value = einop.einop(value, "k b ... -> (k b) ...")
+        else:
+            value = jnp.mean(value, axis=0)
+        out.add_entry(collection, name, value)
+    return out, None
+
+
+def _batch_major(x: Any, strategy: Strategy) -> Any:
+    """A fused leaf `(n, B, ...)` as `(B, n, ...)`, for a strategy that places
+    batches on their first axis (split or sharded)."""
+    if np.ndim(x) < 2:
+        raise ValueError(
+            f"Fused steps under strategy {strategy.name!r}: a leaf of shape "
+            f"{np.shape(x)} has no batch axis (fused leaves are (steps, batch, "
+            f"...)); give every batch leaf a batch axis."
+        )
+    if isinstance(x, np.ndarray | np.generic):
+        return np.swapaxes(x, 0, 1)
+    return jnp.swapaxes(x, 0, 1)
 
 
 def _accumulate(logs: Logs, state: Any) -> tuple[Logs, Any]:
@@ -113,8 +186,11 @@ class ManagedStep(LoopElement):
         grad: bool,
         log_grad_norm: bool = False,
         grads_fn: GradsFn | None = None,
+        steps_per_call: int | None = None,
+        fused_logs: str | None = None,
     ):
         kind = "managed.train_step" if grad else "managed.step"
+        check_fused(steps_per_call, fused_logs, kind)
         if not callable(fn):
             raise TypeError(
                 f"{kind} decorates a function f(state[, batch[, elapsed]]), got "
@@ -142,8 +218,11 @@ class ManagedStep(LoopElement):
         self.grad = grad
         self.log_grad_norm = log_grad_norm
         self.grads_fn = grads_fn
+        self.steps_per_call = steps_per_call
+        self.fused_logs = fused_logs
         self._arity = n
         self._compiled: dict[Strategy, Callable[..., Any]] = {}
+        self._fused: dict[tuple[Strategy, str, bool], Callable[..., Any]] = {}
         self._in_flight: collections.deque[jax.Array] = collections.deque()
 
     def __repr__(self) -> str:
@@ -166,6 +245,8 @@ class ManagedStep(LoopElement):
                 f"managed.ManagedState.create(params=..., tx=..., strategy='jit')."
             )
         strategy = get_strategy(name)
+        if type(batch) is Steps:
+            return self._call_fused(strategy, state, batch, elapsed)
         compiled = self._compiled.get(strategy)
         if compiled is None:
             compiled = self._compiled[strategy] = strategy.wrap(
@@ -179,6 +260,58 @@ class ManagedStep(LoopElement):
         if strategy.max_in_flight is not None:
             self._bound_in_flight(strategy.max_in_flight, logs, state)
         return logs, state
+
+    def _call_fused(
+        self, strategy: Strategy, state: Any, steps: Steps, elapsed: Any
+    ) -> tuple[Logs, Any]:
+        """Runs the `steps.n` steps of a fused batch in one compiled call."""
+        mode = self.fused_logs or getattr(state, "fused_logs", None) or "all"
+        # a strategy that places batches as they are (jit, eager) scans the leading
+        # axis directly; the others place (B, n, ...) so they split the batch axis
+        step_major = type(strategy).place_batch is Strategy.place_batch
+        key = (strategy, mode, step_major)
+        compiled = self._fused.get(key)
+        if compiled is None:
+            compiled = self._fused[key] = strategy.wrap(
+                self._build_fused(strategy, mode, step_major),
+                donate=strategy.donate and self.grad,
+            )
+        batch = steps.batch if self._arity >= 2 else None
+        if batch is not None and not step_major:
+            batch = jax.tree.map(lambda x: _batch_major(x, strategy), batch)
+        if self._arity < 3 or elapsed is None:
+            elapsed = None
+        per_step = steps.samples // steps.n if steps.n else 0
+        index = np.arange(steps.n, dtype=np.int32)
+        (logs, rows), state = compiled(
+            state, strategy.place_batch(batch), (elapsed, per_step, index)
+        )
+        if rows is not None:
+            steps.rows = rows if steps.rows is None else Logs(steps.rows).merge(rows)
+        if strategy.max_in_flight is not None:
+            self._bound_in_flight(strategy.max_in_flight, logs, state)
+        return logs, state
+
+    def _build_fused(
+        self, strategy: Strategy, mode: str, step_major: bool
+    ) -> Callable[..., Any]:
+        single = self._build(strategy)
+
+        def fused(state, batch, extra):
+            elapsed, per_step, index = extra
+            if batch is not None and not step_major:
+                batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+
+            def body(state, xs):
+                i, b = xs
+                e = None if elapsed is None else _at_step(elapsed, i, per_step)
+                logs, state = single(state, b, e)
+                return state, logs
+
+            state, stacked = jax.lax.scan(body, state, (index, batch))
+            return _fold(stacked, mode), state
+
+        return fused
 
     def _bound_in_flight(self, limit: int, logs: Logs, state: Any) -> None:
         """Waits (without a transfer) for the call `limit` calls ago to finish."""
@@ -270,6 +403,8 @@ def train_step(
     *,
     log_grad_norm: bool = False,
     grads_fn: GradsFn | None = None,
+    steps_per_call: int | None = None,
+    fused_logs: str | None = None,
 ) -> Any:
     """Makes `fn` a training step: ciclo differentiates its losses and applies them.
 
@@ -298,6 +433,15 @@ def train_step(
             called inside the compiled step with the averaged gradients and the
             state `fn` returned (before the update); the logs it returns are
             added to the step's (e.g. per-layer norms). The step stays unchanged.
+        steps_per_call: the steps a loop fuses into one compiled call (None or
+            1: no fusing).
+        fused_logs: what a fused call logs: `"all"` (default; the last step's
+            values, and one history row per step with its real `steps` and
+            `samples`) or `"mean"` (one row per call: losses and metrics
+            averaged over the call's steps, stateful metrics as accumulated at
+            its last step, outputs concatenated). A state with a `fused_logs`
+            attribute (`create_flax_state(..., fused_logs=...)`) sets the
+            default.
 
     Returns:
         A `ManagedStep` callable as `logs, state = step(state, batch[, elapsed])`,
@@ -320,12 +464,23 @@ def train_step(
         >>> logs, state = fit(state, jnp.ones(4))
         >>> float(logs.losses.mse), float(logs.metrics.grad_norm), int(state.step)
         (1.0, 2.0, 1)
+
+        Fused: 4 steps per compiled call, `elapsed` and history still per step:
+
+        >>> fused = managed.train_step(fit.fn, steps_per_call=4)
+        >>> _, history, elapsed = ciclo.loop(state, [jnp.ones(4)] * 10, {**fused})
+        >>> elapsed.steps, history.collect("steps")[:5], len(history)
+        (10, [0, 1, 2, 3, 4], 10)
     """
+    options = dict(
+        log_grad_norm=log_grad_norm,
+        grads_fn=grads_fn,
+        steps_per_call=steps_per_call,
+        fused_logs=fused_logs,
+    )
     if fn is None:
-        return functools.partial(
-            train_step, log_grad_norm=log_grad_norm, grads_fn=grads_fn
-        )
-    return ManagedStep(fn, grad=True, log_grad_norm=log_grad_norm, grads_fn=grads_fn)
+        return functools.partial(train_step, **options)
+    return ManagedStep(fn, grad=True, **options)
 
 
 def step(fn: UserStep) -> ManagedStep:

@@ -1,0 +1,254 @@
+"""ciclo against a hand-written jitted loop and Keras 3 `fit`, on the same model/data.
+
+    KERAS_BACKEND=jax python benchmarks/vs_raw.py [--steps 2048] [--rounds 3]
+
+Model and data: sklearn's digits (`load_digits`, bundled: nothing is downloaded),
+an MLP 64→128→10, Adam(1e-3), batch 32, softmax cross-entropy, real numpy batches
+(56 full batches of one epoch, cycled). Variants, each timed from the first step
+to the final `block_until_ready` (compilation excluded: every variant is warmed up
+first and reuses its compiled step):
+
+  raw            a hand-written `for` loop over a jitted step; no host sync
+  loop           `ciclo.loop` with a `managed.train_step`
+  train_loop     `ciclo.train_loop` + `keras_bar` (to a StringIO) + history
+  flax           the `create_flax_state` one-liner (`train_loop(state, data)`)
+  fused K=32     as train_loop (bar + history, a row per step), steps_per_call=32
+  flax fused     the one-liner with `create_flax_state(..., steps_per_call=32)`
+  keras spe=1    Keras 3 `model.fit` (JAX backend), steps_per_execution=1
+  keras spe=32   same, steps_per_execution=32
+
+Variants are interleaved over `--rounds` rounds (the machine's noise hits all of
+them alike); the table gives the median steps/s and its ratio to the raw loop.
+Results go in benchmarks/RESULTS.md by hand, with the machine and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import platform
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import ciclo
+from ciclo import managed
+
+BATCH = 32
+K = 32
+
+
+def digits_batches() -> list[tuple[np.ndarray, np.ndarray]]:
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    y = y.astype(np.int32)
+    n = len(x) // BATCH
+    return [
+        (x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH])
+        for i in range(n)
+    ]
+
+
+def stream(batches, steps):
+    return (batches[i % len(batches)] for i in range(steps))
+
+
+def init_params(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "w1": (rng.normal(size=(64, 128)) * np.sqrt(2 / 64)).astype(np.float32),
+        "b1": np.zeros(128, np.float32),
+        "w2": (rng.normal(size=(128, 10)) * np.sqrt(1 / 128)).astype(np.float32),
+        "b2": np.zeros(10, np.float32),
+    }
+
+
+def forward(params, x):
+    h = jax.nn.relu(x @ params["w1"] + params["b1"])
+    return h @ params["w2"] + params["b2"]
+
+
+def xent(logits, y):
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+TX = optax.adam(1e-3)
+
+
+# -- raw ------------------------------------------------------------------------
+@jax.jit
+def raw_step(params, opt_state, x, y):
+    loss, grads = jax.value_and_grad(lambda p: xent(forward(p, x), y))(params)
+    updates, opt_state = TX.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+def run_raw(batches, steps, _):
+    params = jax.device_put(init_params())
+    opt_state = TX.init(params)
+    losses = []
+    for x, y in stream(batches, steps):
+        params, opt_state, loss = raw_step(params, opt_state, x, y)
+        losses.append(loss)
+    jax.block_until_ready((params, losses))
+
+
+# -- ciclo (managed) ---------------------------------------------------------------
+def _fit(state, batch):
+    x, y = batch
+    return ciclo.logs().add_loss("loss", xent(forward(state.params, x), y))
+
+
+train_step = managed.train_step(_fit)
+fused_step = managed.train_step(_fit, steps_per_call=K)
+
+
+def managed_state():
+    return managed.ManagedState.create(params=init_params(), tx=TX, strategy="jit")
+
+
+def run_loop(batches, steps, state):
+    state, history, _ = ciclo.loop(
+        state, stream(batches, steps), {ciclo.every(1): train_step}
+    )
+    jax.block_until_ready(state)
+    history.collect("loss")  # everything on the host
+
+
+def _train_loop(step):
+    def run(batches, steps, state):
+        with contextlib.redirect_stdout(io.StringIO()):
+            state, history, _ = ciclo.train_loop(
+                state,
+                stream(batches, steps),
+                {ciclo.on_train_step: step},
+                callbacks=[ciclo.keras_bar(total=steps)],
+            )
+            jax.block_until_ready(state)
+            assert len(history.collect("loss")) == steps
+
+    return run
+
+
+run_train_loop = _train_loop(train_step)
+run_fused = _train_loop(fused_step)
+
+
+# -- Flax one-liner -----------------------------------------------------------------
+def flax_state(steps_per_call=1):
+    import flax.linen as nn
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(10)(nn.relu(nn.Dense(128)(x)))
+
+    return ciclo.create_flax_state(
+        MLP(),
+        jnp.ones((1, 64)),
+        TX,
+        losses={"loss": lambda preds, target: xent(preds, target)},
+        steps_per_call=steps_per_call,
+    )
+
+
+def run_flax(batches, steps, state):
+    state, history, _ = ciclo.train_loop(state, stream(batches, steps))
+    jax.block_until_ready(state)
+    history.collect("losses.loss")
+
+
+# -- Keras 3 ----------------------------------------------------------------------
+def keras_model(steps_per_execution):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution,
+    )
+    return model
+
+
+def run_keras(batches, steps, model):
+    x = np.concatenate([b[0] for b in stream(batches, steps)])
+    y = np.concatenate([b[1] for b in stream(batches, steps)])
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return time.perf_counter() - start  # without building the arrays above
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", nargs="*", default=None, help="variant names")
+    args = parser.parse_args()
+    import keras
+
+    batches = digits_batches()
+    variants = {
+        "raw jitted loop": (run_raw, lambda: None),
+        "ciclo.loop (managed step)": (run_loop, managed_state),
+        "train_loop + keras_bar + history": (run_train_loop, managed_state),
+        "create_flax_state one-liner": (run_flax, flax_state),
+        f"fused K={K} (train_loop + bar + history)": (run_fused, managed_state),
+        f"create_flax_state one-liner, fused K={K}": (run_flax, lambda: flax_state(K)),
+        "Keras 3 fit, steps_per_execution=1": (run_keras, lambda: keras_model(1)),
+        f"Keras 3 fit, steps_per_execution={K}": (run_keras, lambda: keras_model(K)),
+    }
+    if args.only:
+        variants = {
+            k: v
+            for k, v in variants.items()
+            if k == "raw jitted loop" or any(o in k for o in args.only)
+        }
+    states = {}
+    for name, (run, make) in variants.items():  # compile and warm up
+        states[name] = make()
+        run(batches, 2 * K, states[name])
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, (run, _) in variants.items():
+            state = states[name]
+            start = time.perf_counter()
+            inner = run(batches, args.steps, state)
+            times[name].append(
+                inner if inner is not None else time.perf_counter() - start
+            )
+    median = {name: float(np.median(t)) for name, t in times.items()}
+    raw = median["raw jitted loop"]
+    print(
+        f"# {platform.node()} | {platform.processor() or platform.machine()} | "
+        f"{os.cpu_count()} cpus | jax {jax.__version__} ({jax.devices()[0].platform}) | "
+        f"keras {keras.__version__} | {time.strftime('%Y-%m-%d')} | "
+        f"{args.steps} steps x {args.rounds} rounds, median"
+    )
+    print()
+    print("| variant | steps/s (median) | × raw loop |")
+    print("| --- | ---: | ---: |")
+    for name in variants:
+        print(
+            f"| {name} | {args.steps / median[name]:,.0f} | {raw / median[name]:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Fused execution: `fuse` groups a dataset's batches into `Steps` super-batches.
+
+A `Steps` (see `ciclo._time`) is `n` consecutive batches stacked on a new leading
+axis; the loop counts it as `n` steps and a managed step runs its `n` steps in one
+compiled call (`jax.lax.scan`). Schedules are checked once per call (with the
+`elapsed` before it), so they fire at call boundaries; `stop` in steps is exact
+(the last call is shortened), other periods are checked after each call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from ciclo._time import Steps, batch_size
+
+__all__ = ["declared_steps", "fuse"]
+
+
+def _check(steps_per_call: Any, where: str) -> int:
+    if (
+        isinstance(steps_per_call, bool)
+        or not isinstance(steps_per_call, int)
+        or steps_per_call < 1
+    ):
+        raise TypeError(
+            f"{where}: `steps_per_call` must be a positive int (the steps fused in "
+            f"one compiled call), got {steps_per_call!r}."
+        )
+    return steps_per_call
+
+
+def _signature(batch: Any) -> tuple[Any, tuple[Any, ...]]:
+    leaves, tree = jax.tree.flatten(batch)
+    return tree, tuple(
+        (np.shape(x), x.dtype if hasattr(x, "dtype") else type(x)) for x in leaves
+    )
+
+
+def _stack(group: list[Any]) -> Any:
+    def stack(*xs: Any) -> Any:
+        if all(isinstance(x, np.ndarray | np.generic | int | float) for x in xs):
+            return np.stack(xs)
+        import jax.numpy as jnp
+
+        return jnp.stack(xs)
+
+    return jax.tree.map(stack, *group)
+
+
+def fuse(
+    dataset: Iterable[Any],
+    steps_per_call: int,
+    batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
+    limit: int | None = None,
+) -> Iterator[Steps]:
+    """Groups consecutive batches of `dataset` into `Steps` of `steps_per_call`.
+
+    Batches are stacked on a new leading axis (numpy batches with `np.stack`,
+    device arrays with `jnp.stack`). A group ends early when the next batch has
+    another structure, shape or dtype (e.g. a last partial batch), and at the end
+    of the data: nothing is dropped, the last calls may be shorter. `Steps` in
+    `dataset` pass through unchanged.
+
+    Args:
+        dataset: any iterable of batches.
+        steps_per_call: the most batches per `Steps`.
+        batch_size_fn: as in `ciclo.loop`, to count each batch's samples.
+        limit: the most batches to read in all (e.g. the steps left until `stop`).
+
+    Yields:
+        `Steps`.
+
+    Example:
+        >>> import ciclo, numpy as np
+        >>> fused = list(ciclo.fuse([np.ones((2, 3))] * 5, 2))
+        >>> [(s.n, s.samples, s.batch.shape) for s in fused]
+        [(2, 4, (2, 2, 3)), (2, 4, (2, 2, 3)), (1, 2, (1, 2, 3))]
+    """
+    k = _check(steps_per_call, "ciclo.fuse")
+    iterator = iter(dataset)
+    read = 0
+    group: list[Any] = []
+    samples = 0
+    signature = None
+    while True:
+        if limit is not None and read >= limit:
+            break
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        if type(batch) is Steps:
+            if group:
+                yield Steps(_stack(group), len(group), samples)
+                group, samples = [], 0
+            read += batch.n
+            yield batch
+            continue
+        read += 1
+        current = _signature(batch)
+        if group and current != signature:
+            yield Steps(_stack(group), len(group), samples)
+            group, samples = [], 0
+        signature = current
+        group.append(batch)
+        samples += batch_size(batch, batch_size_fn)
+        if len(group) == k or (limit is not None and read >= limit):
+            yield Steps(_stack(group), len(group), samples)
+            group, samples = [], 0
+    if group:
+        yield Steps(_stack(group), len(group), samples)
+
+
+def _owner_steps(callback: Any) -> Any:
+    value = getattr(callback, "steps_per_call", None)
+    if value is None and hasattr(callback, "func"):  # functools.partial
+        value = getattr(callback.func, "steps_per_call", None)
+    return value
+
+
+def declared_steps(callback_groups: Iterable[Any], *extra: Any) -> int | None:
+    """The `steps_per_call` the callbacks (or the `extra` objects) declare, if any.
+
+    Raises:
+        ValueError: if two of them declare different values.
+    """
+    found: dict[int, Any] = {}
+    candidates: list[Any] = list(extra)
+    for group in callback_groups:
+        if isinstance(group, list | tuple):
+            candidates.extend(group)
+        elif isinstance(group, Mapping):
+            continue
+        elif group is not None:
+            candidates.append(group)
+    for callback in candidates:
+        value = _owner_steps(callback)
+        if value is not None and value != 1:
+            found.setdefault(_check(value, repr(callback)), callback)
+    if len(found) > 1:
+        raise ValueError(
+            f"Callbacks declare different `steps_per_call`: "
+            f"{ {k: repr(v) for k, v in found.items()} }; pass steps_per_call= to "
+            f"the loop to choose one."
+        )
+    return next(iter(found), None)

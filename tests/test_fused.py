@@ -1,0 +1,159 @@
+"""Fused execution: K steps per compiled call equal K single steps.
+
+Public API only. The 4-device checks (`data_parallel`, `sharded`) run once in a
+subprocess (`_fused_worker.py`).
+"""
+
+from __future__ import annotations
+
+import _managed_model as m
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from _workers import fused_results
+
+import ciclo
+from ciclo import managed
+
+TOL = 1e-5
+fused4 = managed.train_step(m.train_step.fn, steps_per_call=4)
+fused4_mean = managed.train_step(m.train_step.fn, steps_per_call=4, fused_logs="mean")
+
+
+def run(step, data, **kwargs):
+    return ciclo.loop(m.create("jit"), data, {ciclo.every(1): step}, **kwargs)
+
+
+def max_diff(a, b):
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+def test_fused_equals_single_steps_under_jit():
+    data = m.dataset(steps=10)
+    single, h1, e1 = run(m.train_step, data)
+    fused, h2, e2 = run(fused4, data)
+    assert max_diff(m.host_params(single), m.host_params(fused)) < TOL
+    np.testing.assert_allclose(
+        h1.collect("losses.loss"), h2.collect("losses.loss"), atol=TOL
+    )
+    assert h2.collect("steps_seen") == list(range(10))  # per-step elapsed inside
+    assert int(fused.step) == 10
+
+
+def test_elapsed_counts_real_steps_and_samples_with_uneven_tail():
+    # 10 full batches of 16 and a last one of 8: calls of 4, 4, 2 and 1 steps
+    data = m.dataset(steps=10) + m.dataset(steps=1, batch=8, seed=1)
+    calls = []
+
+    def spy(state, batch, elapsed, loop_state):
+        calls.append((batch.n, elapsed.steps, loop_state.elapsed_after.steps))
+
+    state, history, elapsed = ciclo.loop(
+        m.create("jit"), data, {ciclo.every(1): [fused4, spy]}
+    )
+    assert (elapsed.steps, elapsed.samples) == (11, 168)
+    assert int(state.step) == 11
+    assert calls == [(4, 0, 4), (4, 4, 8), (2, 8, 10), (1, 10, 11)]
+    assert history.collect("steps") == list(range(11))
+    assert history.collect("samples") == [16 * i for i in range(11)]
+    single, _, _ = run(m.train_step, data)
+    assert max_diff(m.host_params(single), m.host_params(state)) < TOL
+
+
+def test_fused_logs_all_gives_k_rows_and_mean_one_row_per_call():
+    data = m.dataset(steps=8)
+    _, all_rows, _ = run(fused4, data)
+    _, mean_rows, elapsed = run(fused4_mean, data)
+    assert elapsed.steps == 8
+    assert len(all_rows) == 8 and len(mean_rows) == 2
+    assert mean_rows.collect("steps") == [0, 4]
+    losses = np.array(all_rows.collect("losses.loss"))
+    np.testing.assert_allclose(
+        mean_rows.collect("losses.loss"), losses.reshape(2, 4).mean(1), atol=TOL
+    )
+    # outputs: a row per step with its batch's rows; "mean" concatenates a call's
+    assert all_rows.collect("logits")[0].shape == (16, 4)
+    assert mean_rows.collect("logits")[0].shape == (64, 4)
+
+
+def test_stop_in_steps_is_exact():
+    _, history, elapsed = run(fused4, m.dataset(steps=10), stop=6)
+    assert elapsed.steps == 6 and len(history) == 6
+
+
+def test_fuse_groups_without_dropping():
+    batches = [np.full((2, 3), i) for i in range(5)] + [np.zeros((1, 3))]
+    fused = list(ciclo.fuse(batches, 2))
+    assert [(s.n, s.samples) for s in fused] == [(2, 4), (2, 4), (1, 2), (1, 1)]
+    np.testing.assert_array_equal(fused[1].batch[:, 0, 0], [2, 3])
+
+
+def test_explicit_steps_per_call_on_the_loop_and_validation():
+    _, history, elapsed = run(m.train_step, m.dataset(steps=5), steps_per_call=2)
+    assert elapsed.steps == 5 and history.collect("steps") == list(range(5))
+    with pytest.raises(TypeError, match="steps_per_call"):
+        managed.train_step(m.train_step.fn, steps_per_call=0)
+    with pytest.raises(ValueError, match="fused_logs"):
+        managed.train_step(m.train_step.fn, fused_logs="last")
+
+
+def _flax_state(**kwargs):
+    import flax.linen as nn
+    from clu import metrics as clu_metrics
+
+    return ciclo.create_flax_state(
+        nn.Dense(4),
+        jnp.ones((1, 8)),
+        optax.adam(1e-2),
+        losses={
+            "loss": lambda preds, target: (
+                optax.softmax_cross_entropy_with_integer_labels(preds, target).mean()
+            )
+        },
+        metrics={"accuracy": clu_metrics.Accuracy},
+        **kwargs,
+    )
+
+
+def test_flax_state_fused_keeps_stateful_metrics_and_avg_loss():
+    data = m.dataset(steps=8)
+    test = m.dataset(steps=2, seed=3)
+    kwargs = dict(test_dataset=lambda: test, epoch_duration=4)
+    single, h1, e1 = ciclo.train_loop(_flax_state(), data, **kwargs)
+    fused, h2, e2 = ciclo.train_loop(_flax_state(steps_per_call=4), data, **kwargs)
+    assert (e2.steps, e2.samples) == (e1.steps, e1.samples) == (8, 128)
+    p1, p2 = single.params["kernel"], fused.params["kernel"]
+    np.testing.assert_allclose(np.asarray(p1), np.asarray(p2), atol=TOL)
+    for key in ("losses.loss", "avg_loss", "accuracy"):
+        np.testing.assert_allclose(h1.collect(key), h2.collect(key), atol=TOL)
+    assert h1.collect("steps", "accuracy_test") == h2.collect("steps", "accuracy_test")
+
+
+def test_train_loop_steps_per_call_with_a_bar(capsys):
+    state, history, elapsed = ciclo.train_loop(
+        _flax_state(fused_logs="mean"),
+        m.dataset(steps=6),
+        callbacks=[ciclo.keras_bar(total=6)],
+        steps_per_call=3,
+    )
+    assert elapsed.steps == 6 and int(state.step) == 6
+    assert history.collect("steps") == [0, 3]
+    assert "6/6" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def four_devices() -> dict:
+    return fused_results()
+
+
+@pytest.mark.parametrize("name", ["jit", "data_parallel", "sharded"])
+def test_fused_equals_single_steps_on_four_devices(four_devices, name):
+    single, fused = four_devices[name]["single"], four_devices[name]["fused"]
+    assert max_diff(single["params"], fused["params"]) < TOL
+    np.testing.assert_allclose(single["loss"], fused["loss"], atol=TOL)
+    assert fused["steps"] == list(range(10))
+    assert fused["samples"] == [16 * i for i in range(10)]
+    assert [int(s) for s in fused["steps_seen"]] == list(range(10))
+    assert fused["logits_shape"] == single["logits_shape"]
+    assert fused["elapsed"] == single["elapsed"] == (10, 160)
