@@ -230,7 +230,11 @@ def loop(
         on_end: callback(s) run once after the last batch.
         history: a `History` to append to (a new one by default).
         elapsed: where to start counting (e.g. a restored checkpoint's `Elapsed`).
-        catch_keyboard_interrupt: on Ctrl-C end cleanly and return what was reached.
+        catch_keyboard_interrupt: on Ctrl-C end cleanly and return what was
+            reached. The batch in progress counts (and its logs are in the history
+            once) when its tasks all ran or a callback already returned a new
+            state; otherwise it leaves no row and is not counted, so resuming
+            from the returned `elapsed` redoes it. Never a duplicate or a gap.
         batch_size_fn: given a batch's leaf shapes, returns its size.
         metadata: anything; exposed as `loop_state.metadata`.
 
@@ -328,7 +332,8 @@ class _Run:
         self.current = ls.elapsed  # counts every batch whose tasks completed
         self.started = False
         self.in_batch = False
-        self.rows = 0  # len(history) when the batch started
+        self.done = False  # the batch's tasks all ran
+        self.rows = None  # len(history) just before the batch's commit began
         self.state = None  # the state when the batch started
 
     def _on_start(self) -> None:
@@ -349,7 +354,8 @@ class _Run:
                 if ls.stop_iteration or ls.stopping:
                     return
             after = ls.elapsed_after = current.update(batch_size(batch, size_fn))
-            self.state, self.rows, self.in_batch = ls.state, len(history), True
+            self.state, self.rows, self.done = ls.state, None, False
+            self.in_batch = True
             for schedule, reads_loop_state, runners in plan:
                 if schedule(ls if reads_loop_state else current):
                     for run in runners:
@@ -358,9 +364,11 @@ class _Run:
                             break
                     if ls.stop_iteration:
                         break
+            self.done = True
             logs = ls.logs
             if logs:
-                history.commit(current, logs)
+                self.rows = len(history)
+                history.commit(current, logs)  # publishes the row in one store
                 ls._committed.merge(logs)
             current = self.current = after
             self.in_batch = False
@@ -376,12 +384,16 @@ class _Run:
             self._on_start()
 
     def interrupted(self) -> None:
-        """After Ctrl-C inside a batch: keep its logs once; count the batch if it
-        reached the state."""
+        """After Ctrl-C inside a batch: the batch counts when its tasks all ran or
+        it changed the state (its step reached the state); then its logs are in
+        the history exactly once. A batch that does not count leaves no row (it
+        is redone when the run resumes from the returned `elapsed`)."""
         if not self.in_batch:
             return
         ls = self.ls
-        if ls.logs and len(ls.history) == self.rows:
+        counted = self.done or ls.state is not self.state
+        published = self.rows is not None and len(ls.history) > self.rows
+        if counted and ls.logs and not published:
             ls.history.commit(self.current, ls.logs)
-        if ls.state is not self.state:
+        if counted:
             self.current = ls.elapsed_after
