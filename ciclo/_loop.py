@@ -7,8 +7,12 @@ commits the step's logs, and decides whether to stop.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import jax
+import numpy as np
 
 from ciclo._callback import arity, describe, split_output
 from ciclo._history import History
@@ -90,27 +94,77 @@ class LoopState:
 Runner = Callable[[LoopState], None]
 
 
-def _apply(output: Any, ls: LoopState, callback: Any) -> None:
-    logs, state = split_output(output, callback)
-    if logs:
-        try:
-            ls.logs.merge(logs)
-        except TypeError as error:
-            raise TypeError(
-                f"Callback {describe(callback)} returned logs that are not a dict "
-                f"of collections to entries ({error}). Build them with ciclo.logs()"
-                f".add_loss/add_metric(...), or return (None, state) when the first "
-                f"element is a state."
-            ) from None
-    if state is not None:
-        ls.state = state
+_NUMERIC = (int, float, complex, np.generic, np.ndarray, jax.Array)
+
+
+def _check_state(new: Any, old: Any, callback: Any) -> None:
+    """The first state a callback returns must be a state: a callback that returns
+    a bare number or array for a structured state (e.g. an `eval_step` returning
+    its accuracy) would silently replace the state with it."""
+    if old is None or type(new) is type(old) or isinstance(old, _NUMERIC):
+        return
+    if isinstance(new, type(old)) or isinstance(old, type(new)):
+        return
+    if isinstance(new, Mapping) and isinstance(old, Mapping):
+        return
+    what = (
+        f"an array of shape {tuple(new.shape)}"
+        if hasattr(new, "shape") and hasattr(new, "dtype")
+        else f"a {type(new).__name__}"
+    )
+    if isinstance(new, (*_NUMERIC, str)):
+        raise TypeError(
+            f"Callback {describe(callback)} returned {what} where the state (a "
+            f"{type(old).__name__}) was expected, so it would replace the state. "
+            f"To log a value return logs, e.g. ciclo.logs().add_metric('accuracy', "
+            f"value), or (logs, state); return None or (logs, None) to keep the "
+            f"state."
+        )
+    warnings.warn(
+        f"Callback {describe(callback)} returned {what} as the new state, which "
+        f"was a {type(old).__name__}; the loop continues with it. If it is not a "
+        f"state, return logs or (logs, None) instead.",
+        stacklevel=5,
+    )
+
+
+class _Apply:
+    """Applies a callback's output to the loop state; checks the first state it
+    returns against the state it got (once per callback, never per step)."""
+
+    __slots__ = ("callback", "checked", "where")
+
+    def __init__(self, callback: Any, where: str):
+        self.callback, self.where, self.checked = callback, where, False
+
+    def __call__(self, output: Any, ls: LoopState) -> None:
+        callback = self.callback
+        logs, state = split_output(output, callback)
+        if logs:
+            try:
+                ls.logs.merge(logs)
+            except TypeError as error:
+                raise TypeError(
+                    f"Callback {describe(callback)} returned logs that are not a "
+                    f"dict of collections to entries ({error}). Build them with "
+                    f"ciclo.logs().add_loss/add_metric(...), or return (None, "
+                    f"state) when the first element is a state."
+                ) from None
+        if state is not None:
+            if not self.checked:
+                self.checked = True
+                _check_state(state, ls.state, callback)
+            ls.state = state
 
 
 def runner(callback: Any, where: str) -> Runner:
     """Turns a callback into `run(loop_state)`, deciding once how to call it."""
+    apply = _Apply(callback, where)
     loop_callback = getattr(callback, "__loop_callback__", None)
     if loop_callback is not None:
-        return lambda ls: _apply(loop_callback(ls), ls, callback)
+        run = lambda ls: apply(loop_callback(ls), ls)
+        run.where = where
+        return run
     if not callable(callback):
         raise TypeError(
             f"{where} is {callback!r:.100} ({type(callback).__name__}), which is not "
@@ -124,14 +178,17 @@ def runner(callback: Any, where: str) -> Runner:
         )
     n = arity(callback, where)
     if n == 0:
-        return lambda ls: _apply(callback(), ls, callback)
-    if n == 1:
-        return lambda ls: _apply(callback(ls.state), ls, callback)
-    if n == 2:
-        return lambda ls: _apply(callback(ls.state, ls.batch), ls, callback)
-    if n == 3:
-        return lambda ls: _apply(callback(ls.state, ls.batch, ls.elapsed), ls, callback)
-    return lambda ls: _apply(callback(ls.state, ls.batch, ls.elapsed, ls), ls, callback)
+        run = lambda ls: apply(callback(), ls)
+    elif n == 1:
+        run = lambda ls: apply(callback(ls.state), ls)
+    elif n == 2:
+        run = lambda ls: apply(callback(ls.state, ls.batch), ls)
+    elif n == 3:
+        run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed), ls)
+    else:
+        run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed, ls), ls)
+    run.where = where
+    return run
 
 
 def _as_list(callbacks: Any) -> list[Any]:
@@ -294,6 +351,16 @@ def loop(
             _finish(end_hooks, ls)
             raise
         run.interrupted()
+    except Exception as error:
+        where = getattr(run.running, "where", None)
+        error.add_note(
+            f"ciclo.loop: raised at step {ls.elapsed.steps}"
+            + (f" by {where}" if where and run.in_batch else "")
+            + f"; the history holds the {len(history)} rows committed before it "
+            f"(that step's logs are not committed)."
+        )
+        _finish(end_hooks, ls)
+        raise
     except BaseException:
         _finish(end_hooks, ls)
         raise
@@ -335,6 +402,7 @@ class _Run:
         self.done = False  # the batch's tasks all ran
         self.rows = None  # len(history) just before the batch's commit began
         self.state = None  # the state when the batch started
+        self.running = None  # the runner running (named in error notes)
 
     def _on_start(self) -> None:
         self.started = True
@@ -359,6 +427,7 @@ class _Run:
             for schedule, reads_loop_state, runners in plan:
                 if schedule(ls if reads_loop_state else current):
                     for run in runners:
+                        self.running = run
                         run(ls)
                         if ls.stop_iteration:
                             break

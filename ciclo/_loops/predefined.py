@@ -13,6 +13,7 @@ The whole per-batch order of `train_loop`, from `named.TRAIN`:
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -180,11 +181,19 @@ def train_loop(
             kwargs["aggregation"] = {**TEST_AGGREGATION, **aggregation}
         nested.append(inner_loop(test_name, run_test, **kwargs))
     tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, nested)
-    return loop(
+    result = loop(
         state, data, tasks, stop=stop, on_start=on_start, on_end=on_end,
         history=history, elapsed=elapsed, metadata=metadata,
         catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
     )  # fmt: skip
+    if data.empty and not (stop_at is not None and stop_at.reached(start)):
+        warnings.warn(
+            f"train_loop: `dataset` yielded no batch (starting at step "
+            f"{start.steps}), so nothing was trained. Check that it is not an "
+            f"exhausted iterator or generator, or an empty list.",
+            stacklevel=2,
+        )
+    return result
 
 
 def _resuming(callbacks: list[Any], directory: Any) -> list[Any]:
@@ -231,10 +240,20 @@ def _evaluation(named, test_dataset, test_duration, loop_kwargs):
 
     def run_test(state: Any) -> tuple[Any, History, Elapsed]:
         data = _iterate(test_dataset(), "`test_dataset()` returned")
-        return _run(
+        output = _run(
             TEST, state, data, test_named, [], stop=test_duration,
             catch_keyboard_interrupt=False, **loop_kwargs,
         )  # fmt: skip
+        if output[2].steps == 0:
+            warnings.warn(
+                f"train_loop: `test_dataset()` yielded no batch, so this epoch has "
+                f"no test metrics (monitors of them fail at this step). "
+                f"`test_dataset` must return a FRESH iterable each epoch: "
+                f"`lambda: make_batches()`, not `lambda: g` with one generator `g` "
+                f"(exhausted after the first epoch). Got {test_dataset!r:.80}.",
+                stacklevel=2,
+            )
+        return output
 
     return run_test
 

@@ -210,6 +210,18 @@ class InnerLoop:
 
     def __loop_callback__(self, loop_state: Any) -> tuple[Logs, Any]:
         logs, state = self(loop_state.state)
+        step = loop_state.logs
+        clash = [
+            f"{c}.{n}" for c, entries in logs.items() for n in entries
+            if n in step.get(c, ())
+        ]  # fmt: skip
+        if clash:
+            raise ValueError(
+                f"inner_loop {self.name!r}: its entries {clash} were already logged "
+                f"at this step by another callback, which they would overwrite. "
+                f"Rename one of them, or give the inner loop another name (its "
+                f"entries are suffixed _{self.name})."
+            )
         return logs, state if self.output_state else None
 
 

@@ -168,6 +168,12 @@ class ManagedStep(LoopElement):
         strategy = get_strategy(name)
         compiled = self._compiled.get(strategy)
         if compiled is None:
+            if self.grad and not hasattr(state, "params"):
+                raise TypeError(
+                    f"{self!r} differentiates w.r.t. `state.params`, but the "
+                    f"{type(state).__name__} it got has no `params`. Create the "
+                    f"state with managed.ManagedState.create(params=..., tx=...)."
+                )
             compiled = self._compiled[strategy] = strategy.wrap(
                 self._build(strategy), donate=strategy.donate and self.grad
             )
