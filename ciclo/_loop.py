@@ -19,7 +19,7 @@ from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._resume import position, prepare
 from ciclo._schedules.base import fresh
-from ciclo._time import Elapsed, Period, as_period, batch_size
+from ciclo._time import Elapsed, Period, as_period, batch_size, short
 
 __all__ = ["LoopState", "loop"]
 
@@ -163,11 +163,11 @@ def runner(callback: Any, where: str) -> Runner:
     loop_callback = getattr(callback, "__loop_callback__", None)
     if loop_callback is not None:
         run = lambda ls: apply(loop_callback(ls), ls)
-        run.where = where
+        run.where = f"{where} ({describe(callback)})"
         return run
     if not callable(callback):
         raise TypeError(
-            f"{where} is {callback!r:.100} ({type(callback).__name__}), which is not "
+            f"{where} is {short(callback)} ({type(callback).__name__}), which is not "
             f"callable; expected a function f(state, batch, elapsed, loop_state) -> "
             f"(logs, state) or an object with __loop_callback__."
             + (
@@ -187,7 +187,7 @@ def runner(callback: Any, where: str) -> Runner:
         run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed), ls)
     else:
         run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed, ls), ls)
-    run.where = where
+    run.where = f"{where} ({describe(callback)})"
     return run
 
 
@@ -234,7 +234,8 @@ def _plan(tasks: Mapping[Any, Any]) -> list[tuple[Callable[..., bool], bool, lis
                 " (wrap it: ciclo.every(...))" if isinstance(key, int | Period) else ""
             )
             raise TypeError(
-                f"Task key {key!r} ({type(key).__name__}) is not a schedule; expected "
+                f"Task key {short(key)} ({type(key).__name__}) is not a schedule; "
+                f"expected "
                 f"a callable elapsed -> bool such as ciclo.every(10){hint}."
             )
         after = bool(getattr(key, "reads_loop_state", False))
@@ -325,7 +326,7 @@ def loop(
     if elapsed is not None and not isinstance(elapsed, Elapsed):
         raise TypeError(
             f"`elapsed` must be a ciclo.Elapsed (e.g. returned by a previous loop or "
-            f"ciclo.restore), got {elapsed!r:.100} ({type(elapsed).__name__}). To "
+            f"ciclo.restore), got {short(elapsed)} ({type(elapsed).__name__}). To "
             f"start counting at step n use ciclo.Elapsed.create(steps=n)."
         )
     state, history, elapsed, skip = prepare(
@@ -338,7 +339,7 @@ def loop(
         raise TypeError(
             f"`dataset` must be an iterable of batches (a list, generator, numpy "
             f"array, tf.data/Grain/PyTorch loader, ...) or a factory "
-            f"`dataset(start_step)` returning one; got {dataset!r:.100} "
+            f"`dataset(start_step)` returning one; got {short(dataset)} "
             f"({type(dataset).__name__})."
         ) from None
     initial = Elapsed.create() if elapsed is None else elapsed.resume()

@@ -35,7 +35,7 @@ from ciclo._loops.named import (
 from ciclo._loops.register import as_list, register
 from ciclo._resume import position, prepare
 from ciclo._schedules.base import Schedule
-from ciclo._time import Elapsed, Period, as_period
+from ciclo._time import Elapsed, Period, as_period, short
 from ciclo.callbacks._inner_loop import TEST_AGGREGATION, inner_loop
 
 
@@ -214,7 +214,7 @@ def _iterate(dataset: Any, what: str) -> Iterator[Any]:
         return iter(dataset)
     except TypeError:
         raise TypeError(
-            f"train_loop: {what} {dataset!r:.100} ({type(dataset).__name__}), which "
+            f"train_loop: {what} {short(dataset)} ({type(dataset).__name__}), which "
             f"is not iterable; expected an iterable of batches."
         ) from None
 
@@ -226,7 +226,7 @@ def _evaluation(named, test_dataset, test_duration, loop_kwargs):
         raise TypeError(
             f"train_loop: `test_dataset` must be a zero-argument callable returning a "
             f"fresh iterable each epoch, e.g. lambda: make_test_batches(); got "
-            f"{test_dataset!r:.100} ({type(test_dataset).__name__})."
+            f"{short(test_dataset)} ({type(test_dataset).__name__})."
         )
     arity(test_dataset, "train_loop: `test_dataset`", most=0)
     if not named[on_test_step]:
@@ -250,7 +250,7 @@ def _evaluation(named, test_dataset, test_duration, loop_kwargs):
                 f"no test metrics (monitors of them fail at this step). "
                 f"`test_dataset` must return a FRESH iterable each epoch: "
                 f"`lambda: make_batches()`, not `lambda: g` with one generator `g` "
-                f"(exhausted after the first epoch). Got {test_dataset!r:.80}.",
+                f"(exhausted after the first epoch). Got {short(test_dataset, 80)}.",
                 stacklevel=2,
             )
         return output

@@ -10,6 +10,7 @@ import numpy as np
 
 from ciclo._history import ELAPSED, History
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, Logs
+from ciclo._time import short
 
 __all__ = ["AGGREGATIONS", "InnerLoop", "inner_loop"]
 
@@ -202,7 +203,7 @@ class InnerLoop:
         ):
             raise TypeError(
                 f"inner_loop {self.name!r}: `loop_fn` must return (state, history, "
-                f"elapsed) like ciclo.loop / ciclo.test_loop; got {output!r:.200}."
+                f"elapsed) like ciclo.loop / ciclo.test_loop; got {short(output, 200)}."
             )
         inner_state, history, elapsed = output
         logs = self.aggregate(history, elapsed)

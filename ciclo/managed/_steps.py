@@ -22,6 +22,7 @@ from ciclo._callback import arity, describe, inject, split_output
 from ciclo._logs import LOSSES, METRICS, OUTPUTS, STATEFUL_METRICS, Logs
 from ciclo._strategies.base import Collectives, Strategy, is_stateful_metric
 from ciclo._strategies.registry import get_strategy
+from ciclo._time import short
 from ciclo.callbacks._base import LoopElement
 
 __all__ = ["REDUCTIONS", "ManagedStep", "reduce_logs", "step", "train_step"]
@@ -118,7 +119,7 @@ class ManagedStep(LoopElement):
         if not callable(fn):
             raise TypeError(
                 f"{kind} decorates a function f(state[, batch[, elapsed]]), got "
-                f"{type(fn).__name__}: {fn!r:.100}."
+                f"{type(fn).__name__}: {short(fn)}."
             )
         n = arity(fn, kind, most=3)
         if n == 0:
@@ -134,7 +135,7 @@ class ManagedStep(LoopElement):
             if not callable(grads_fn):
                 raise TypeError(
                     f"{kind}: grads_fn must be a function (grads[, state]) -> "
-                    f"logs_or_None, got {type(grads_fn).__name__}: {grads_fn!r:.100}."
+                    f"logs_or_None, got {type(grads_fn).__name__}: {short(grads_fn)}."
                 )
             arity(grads_fn, f"{kind}(grads_fn=...)", most=2)
         functools.update_wrapper(self, fn)
