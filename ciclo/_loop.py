@@ -299,9 +299,14 @@ def loop(
     Returns:
         `(state, history, elapsed)`, `elapsed` counting every consumed batch.
 
+    An exception raised by a callback propagates after the `__loop_end__` hooks
+    ran, with a note naming the callback and the step; `history` then holds every
+    row committed before that step (pass your own `history=` to keep it).
+
     Raises:
         TypeError: for a task key that is not a schedule, a callback that is not
-            callable, or a callback returning a value of the wrong shape.
+            callable, a callback returning a value of the wrong shape, or a bare
+            number/array returned where the state is a structured object.
 
     Example:
         >>> import ciclo
