@@ -319,12 +319,12 @@ def test_no_error_message_embeds_a_multi_line_array_repr():
     assert "\n" not in str(info.value)
     for bad in (big, jnp.zeros((50, 50))):
         for call in (
-            lambda: ciclo.loop(0, [1], {ALWAYS: bad}),
-            lambda: ciclo.loop(0, [1], {ALWAYS: _step}, stop=bad),
-            lambda: ciclo.train_loop(
+            lambda bad=bad: ciclo.loop(0, [1], {ALWAYS: bad}),
+            lambda bad=bad: ciclo.loop(0, [1], {ALWAYS: _step}, stop=bad),
+            lambda bad=bad: ciclo.train_loop(
                 0, [1], {ciclo.on_train_step: _step}, test_dataset=bad
             ),
-            lambda: ciclo.loop(0, [1], {ALWAYS: _step}, elapsed=bad),
+            lambda bad=bad: ciclo.loop(0, [1], {ALWAYS: _step}, elapsed=bad),
         ):
             with pytest.raises(TypeError) as info:
                 call()

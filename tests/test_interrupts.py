@@ -32,7 +32,7 @@ WATCHED = {
         _history._scalar,
         _history._to_host,
         _loop._Run.batches,
-        _loop._apply,
+        _loop._Apply.__call__,
         _loop.LoopState.accumulated_logs.fget,
         Logs.merge,
         Logs.add_entry,
