@@ -133,6 +133,9 @@ class History:
         }
         self._entries: list[_Column] = []  # the columns of logged entries
         self._fetched = 0  # rows below this one are all on the host
+        # True while a commit or flush is under way: one that is still True when
+        # the next starts was cut short (Ctrl-C), and `_heal` undoes its traces.
+        self._writing = False
 
     # -- writing ------------------------------------------------------------------
     def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
@@ -146,13 +149,17 @@ class History:
         """
         if not isinstance(logs, Logs):
             logs = Logs(logs)
+        if self._writing:
+            self._heal()
+        self._writing = True
         row, columns = self._rows, self._columns
         for collection, entries in logs.items():
             for name, value in entries.items():
                 column = columns.get((collection, name))
                 if column is None:
-                    column = columns[(collection, name)] = _Column()
-                    self._entries.append(column)
+                    column = _Column()
+                    self._entries.append(column)  # flushed before it is readable
+                    columns[(collection, name)] = column
                 column.rows.append(row)
                 column.pending.append(value)
         steps, samples, time, date = self._elapsed
@@ -160,12 +167,51 @@ class History:
         samples.values.append(int(elapsed.samples))
         time.values.append(float(elapsed.time))
         date.values.append(float(elapsed.date))
-        self._rows = row + 1  # the row counts once all of it is stored
+        # Publishing the row is this one store: cut short before it, the entries
+        # appended above are left-overs that `_heal` removes; after it, the row
+        # is complete. So an interrupted commit leaves the row out or in, whole.
+        self._rows = row + 1
         behind = self._rows - self._fetched
         if behind >= 4 * self.lag:
             self._flush(self._fetched + self.lag)  # the device is far behind: wait
         elif behind % self.lag == 0:
             self._flush(self._ready())
+        self._writing = False
+
+    def _heal(self) -> None:
+        """Undoes what a commit or flush cut short (by Ctrl-C) left behind.
+
+        A commit publishes its row last (`_rows += 1`): entries of an unpublished
+        row are removed. A flush appends converted values before dropping them
+        from `pending`: values converted twice are dropped from `pending`. A
+        column registered without entries is removed.
+        """
+        rows = self._rows
+        for column in self._elapsed:
+            del column.values[rows:]
+        for column in self._entries:
+            stale = 0
+            while column.rows and column.rows[-1] >= rows:
+                column.rows.pop()
+                stale += 1
+            expected = len(column.rows) - len(column.values)
+            pending = column.pending
+            if len(pending) > expected:
+                # an unpublished row's value sits at the end; values a flush
+                # already converted sit at the front
+                keep = (
+                    pending[:expected] if stale else pending[len(pending) - expected :]
+                )
+                column.pending = keep
+        empty = [key for key, c in self._columns.items() if not len(c.rows)]
+        for key in empty:
+            if key[0] != ELAPSED:
+                column = self._columns.pop(key)
+                self._entries = [c for c in self._entries if c is not column]
+        for column in self._entries:  # registered in `_entries` but not by key
+            if all(column is not c for c in self._columns.values()):
+                self._entries = [c for c in self._entries if c is not column]
+        self._writing = False
 
     def commit_steps(self, elapsed: Elapsed, steps: Steps, logs: Logs) -> None:
         """Appends the `steps.n` rows of a fused call: row `i` at `elapsed.steps + i`
@@ -181,6 +227,9 @@ class History:
             return
         if not isinstance(logs, Logs):
             logs = Logs(logs)
+        if self._writing:
+            self._heal()
+        self._writing = True  # rows are published by `_rows`, as in `commit`
         per_step = steps.samples // n
         in_last = {(c, name) for c, name, _ in logs.entries()}
         first, columns = self._rows, self._columns
@@ -232,9 +281,14 @@ class History:
 
     def _flush(self, upto: int | None = None) -> None:
         """Brings the values of rows below `upto` (all by default) to the host."""
-        upto = self._rows if upto is None else upto
+        standalone = upto is None  # a read's flush, not a commit's
+        if standalone:
+            if self._writing:  # after an interrupted write
+                self._heal()
+            upto = self._rows
         if upto <= self._fetched:
             return
+        self._writing = True
         taken = []
         for column in self._entries:
             pending = column.pending
@@ -243,17 +297,19 @@ class History:
             start = len(column.rows) - len(pending)
             n = bisect.bisect_left(column.rows, upto, lo=start) - start
             if n:
-                taken.append((column, pending[:n]))
-                column.pending = pending[n:]
+                taken.append((column, n))
+        if taken:
+            # fetched before anything changes: Ctrl-C in the transfer loses nothing
+            values = _to_host([v for c, n in taken for v in c.pending[:n]])
+            i = 0
+            for column, n in taken:
+                for value in values[i : i + n]:
+                    column.append(value)
+                column.pending = column.pending[n:]
+                i += n
         self._fetched = upto
-        if not taken:
-            return
-        values = _to_host([v for _, chunk in taken for v in chunk])
-        i = 0
-        for column, chunk in taken:
-            for value in values[i : i + len(chunk)]:
-                column.append(value)
-            i += len(chunk)
+        if standalone:
+            self._writing = False
 
     # -- reading ------------------------------------------------------------------
     def __len__(self) -> int:

@@ -7,6 +7,8 @@ from typing import Any
 
 import jax
 
+from ciclo._time import short
+
 __all__ = ["Entries", "Logs", "locate", "logs"]
 
 LOSSES = "losses"
@@ -147,7 +149,7 @@ class Logs(dict):
                 if not isinstance(entries, Mapping):
                     raise TypeError(
                         f"Collection {collection!r} must map entry names to values, "
-                        f"got {type(entries).__name__}: {entries!r:.80}. Use "
+                        f"got {type(entries).__name__}: {short(entries, 80)}. Use "
                         f"logs.add_entry({collection!r}, name, value)."
                     )
         for collection, entries in other.items():

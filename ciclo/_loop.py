@@ -14,8 +14,12 @@ call boundaries.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import jax
+import numpy as np
 
 from ciclo._callback import arity, describe, split_output
 from ciclo._fused import _check, declared_steps, fuse
@@ -23,7 +27,7 @@ from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._resume import position, prepare
 from ciclo._schedules.base import fresh
-from ciclo._time import Elapsed, Period, Steps, as_period, batch_size
+from ciclo._time import Elapsed, Period, Steps, as_period, batch_size, short
 
 __all__ = ["LoopState", "loop"]
 
@@ -98,30 +102,80 @@ class LoopState:
 Runner = Callable[[LoopState], None]
 
 
-def _apply(output: Any, ls: LoopState, callback: Any) -> None:
-    logs, state = split_output(output, callback)
-    if logs:
-        try:
-            ls.logs.merge(logs)
-        except TypeError as error:
-            raise TypeError(
-                f"Callback {describe(callback)} returned logs that are not a dict "
-                f"of collections to entries ({error}). Build them with ciclo.logs()"
-                f".add_loss/add_metric(...), or return (None, state) when the first "
-                f"element is a state."
-            ) from None
-    if state is not None:
-        ls.state = state
+_NUMERIC = (int, float, complex, np.generic, np.ndarray, jax.Array)
+
+
+def _check_state(new: Any, old: Any, callback: Any) -> None:
+    """The first state a callback returns must be a state: a callback that returns
+    a bare number or array for a structured state (e.g. an `eval_step` returning
+    its accuracy) would silently replace the state with it."""
+    if old is None or type(new) is type(old) or isinstance(old, _NUMERIC):
+        return
+    if isinstance(new, type(old)) or isinstance(old, type(new)):
+        return
+    if isinstance(new, Mapping) and isinstance(old, Mapping):
+        return
+    what = (
+        f"an array of shape {tuple(new.shape)}"
+        if hasattr(new, "shape") and hasattr(new, "dtype")
+        else f"a {type(new).__name__}"
+    )
+    if isinstance(new, (*_NUMERIC, str)):
+        raise TypeError(
+            f"Callback {describe(callback)} returned {what} where the state (a "
+            f"{type(old).__name__}) was expected, so it would replace the state. "
+            f"To log a value return logs, e.g. ciclo.logs().add_metric('accuracy', "
+            f"value), or (logs, state); return None or (logs, None) to keep the "
+            f"state."
+        )
+    warnings.warn(
+        f"Callback {describe(callback)} returned {what} as the new state, which "
+        f"was a {type(old).__name__}; the loop continues with it. If it is not a "
+        f"state, return logs or (logs, None) instead.",
+        stacklevel=5,
+    )
+
+
+class _Apply:
+    """Applies a callback's output to the loop state; checks the first state it
+    returns against the state it got (once per callback, never per step)."""
+
+    __slots__ = ("callback", "checked", "where")
+
+    def __init__(self, callback: Any, where: str):
+        self.callback, self.where, self.checked = callback, where, False
+
+    def __call__(self, output: Any, ls: LoopState) -> None:
+        callback = self.callback
+        logs, state = split_output(output, callback)
+        if logs:
+            try:
+                ls.logs.merge(logs)
+            except TypeError as error:
+                raise TypeError(
+                    f"Callback {describe(callback)} returned logs that are not a "
+                    f"dict of collections to entries ({error}). Build them with "
+                    f"ciclo.logs().add_loss/add_metric(...), or return (None, "
+                    f"state) when the first element is a state."
+                ) from None
+        if state is not None:
+            if not self.checked:
+                self.checked = True
+                _check_state(state, ls.state, callback)
+            ls.state = state
 
 
 def runner(callback: Any, where: str) -> Runner:
     """Turns a callback into `run(loop_state)`, deciding once how to call it."""
+    apply = _Apply(callback, where)
     loop_callback = getattr(callback, "__loop_callback__", None)
     if loop_callback is not None:
-        return lambda ls: _apply(loop_callback(ls), ls, callback)
+        run = lambda ls: apply(loop_callback(ls), ls)
+        run.where = f"{where} ({describe(callback)})"
+        return run
     if not callable(callback):
         raise TypeError(
-            f"{where} is {callback!r:.100} ({type(callback).__name__}), which is not "
+            f"{where} is {short(callback)} ({type(callback).__name__}), which is not "
             f"callable; expected a function f(state, batch, elapsed, loop_state) -> "
             f"(logs, state) or an object with __loop_callback__."
             + (
@@ -132,14 +186,17 @@ def runner(callback: Any, where: str) -> Runner:
         )
     n = arity(callback, where)
     if n == 0:
-        return lambda ls: _apply(callback(), ls, callback)
-    if n == 1:
-        return lambda ls: _apply(callback(ls.state), ls, callback)
-    if n == 2:
-        return lambda ls: _apply(callback(ls.state, ls.batch), ls, callback)
-    if n == 3:
-        return lambda ls: _apply(callback(ls.state, ls.batch, ls.elapsed), ls, callback)
-    return lambda ls: _apply(callback(ls.state, ls.batch, ls.elapsed, ls), ls, callback)
+        run = lambda ls: apply(callback(), ls)
+    elif n == 1:
+        run = lambda ls: apply(callback(ls.state), ls)
+    elif n == 2:
+        run = lambda ls: apply(callback(ls.state, ls.batch), ls)
+    elif n == 3:
+        run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed), ls)
+    else:
+        run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed, ls), ls)
+    run.where = f"{where} ({describe(callback)})"
+    return run
 
 
 def _as_list(callbacks: Any) -> list[Any]:
@@ -185,7 +242,8 @@ def _plan(tasks: Mapping[Any, Any]) -> list[tuple[Callable[..., bool], bool, lis
                 " (wrap it: ciclo.every(...))" if isinstance(key, int | Period) else ""
             )
             raise TypeError(
-                f"Task key {key!r} ({type(key).__name__}) is not a schedule; expected "
+                f"Task key {short(key)} ({type(key).__name__}) is not a schedule; "
+                f"expected "
                 f"a callable elapsed -> bool such as ciclo.every(10){hint}."
             )
         after = bool(getattr(key, "reads_loop_state", False))
@@ -239,7 +297,11 @@ def loop(
         on_end: callback(s) run once after the last batch.
         history: a `History` to append to (a new one by default).
         elapsed: where to start counting (e.g. a restored checkpoint's `Elapsed`).
-        catch_keyboard_interrupt: on Ctrl-C end cleanly and return what was reached.
+        catch_keyboard_interrupt: on Ctrl-C end cleanly and return what was
+            reached. The batch in progress counts (and its logs are in the history
+            once) when its tasks all ran or a callback already returned a new
+            state; otherwise it leaves no row and is not counted, so resuming
+            from the returned `elapsed` redoes it. Never a duplicate or a gap.
         batch_size_fn: given a batch's leaf shapes, returns its size.
         metadata: anything; exposed as `loop_state.metadata`.
         steps_per_call: fused execution: group `steps_per_call` consecutive
@@ -252,9 +314,14 @@ def loop(
     Returns:
         `(state, history, elapsed)`, `elapsed` counting every consumed batch.
 
+    An exception raised by a callback propagates after the `__loop_end__` hooks
+    ran, with a note naming the callback and the step; `history` then holds every
+    row committed before that step (pass your own `history=` to keep it).
+
     Raises:
         TypeError: for a task key that is not a schedule, a callback that is not
-            callable, or a callback returning a value of the wrong shape.
+            callable, a callback returning a value of the wrong shape, or a bare
+            number/array returned where the state is a structured object.
 
     Example:
         >>> import ciclo
@@ -279,7 +346,7 @@ def loop(
     if elapsed is not None and not isinstance(elapsed, Elapsed):
         raise TypeError(
             f"`elapsed` must be a ciclo.Elapsed (e.g. returned by a previous loop or "
-            f"ciclo.restore), got {elapsed!r:.100} ({type(elapsed).__name__}). To "
+            f"ciclo.restore), got {short(elapsed)} ({type(elapsed).__name__}). To "
             f"start counting at step n use ciclo.Elapsed.create(steps=n)."
         )
     state, history, elapsed, skip = prepare(
@@ -292,7 +359,7 @@ def loop(
         raise TypeError(
             f"`dataset` must be an iterable of batches (a list, generator, numpy "
             f"array, tf.data/Grain/PyTorch loader, ...) or a factory "
-            f"`dataset(start_step)` returning one; got {dataset!r:.100} "
+            f"`dataset(start_step)` returning one; got {short(dataset)} "
             f"({type(dataset).__name__})."
         ) from None
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
@@ -312,6 +379,16 @@ def loop(
             _finish(end_hooks, ls)
             raise
         run.interrupted()
+    except Exception as error:
+        where = getattr(run.running, "where", None)
+        error.add_note(
+            f"ciclo.loop: raised at step {ls.elapsed.steps}"
+            + (f" by {where}" if where and run.in_batch else "")
+            + f"; the history holds the {len(history)} rows committed before it "
+            f"(that step's logs are not committed)."
+        )
+        _finish(end_hooks, ls)
+        raise
     except BaseException:
         _finish(end_hooks, ls)
         raise
@@ -350,8 +427,10 @@ class _Run:
         self.current = ls.elapsed  # counts every batch whose tasks completed
         self.started = False
         self.in_batch = False
-        self.rows = 0  # len(history) when the batch started
+        self.done = False  # the batch's tasks all ran
+        self.rows = None  # len(history) just before the batch's commit began
         self.state = None  # the state when the batch started
+        self.running = None  # the runner running (named in error notes)
 
     def _on_start(self) -> None:
         self.started = True
@@ -376,21 +455,26 @@ class _Run:
             else:
                 after = current.update(batch_size(batch, size_fn))
             ls.elapsed_after = after
-            self.state, self.rows, self.in_batch = ls.state, len(history), True
+            self.state, self.rows, self.done = ls.state, None, False
+            self.in_batch = True
             for schedule, reads_loop_state, runners in plan:
                 if schedule(ls if reads_loop_state else current):
                     for run in runners:
+                        self.running = run
                         run(ls)
                         if ls.stop_iteration:
                             break
                     if ls.stop_iteration:
                         break
+            self.done = True
             logs = ls.logs
             if type(batch) is Steps and batch.rows is not None:
+                self.rows = len(history)
                 history.commit_steps(current, batch, logs)
                 ls._committed.merge(logs)
             elif logs:
-                history.commit(current, logs)
+                self.rows = len(history)
+                history.commit(current, logs)  # publishes the row in one store
                 ls._committed.merge(logs)
             current = self.current = after
             self.in_batch = False
@@ -406,13 +490,17 @@ class _Run:
             self._on_start()
 
     def interrupted(self) -> None:
-        """After Ctrl-C inside a batch: keep its logs once; count the batch if it
-        reached the state."""
+        """After Ctrl-C inside a batch: the batch counts when its tasks all ran or
+        it changed the state (its step reached the state); then its logs are in
+        the history exactly once. A batch that does not count leaves no row (it
+        is redone when the run resumes from the returned `elapsed`)."""
         if not self.in_batch:
             return
         ls = self.ls
-        if ls.logs and len(ls.history) == self.rows:
+        counted = self.done or ls.state is not self.state
+        published = self.rows is not None and len(ls.history) > self.rows
+        if counted and ls.logs and not published:
             ls.history.commit(self.current, ls.logs)
             ls._committed.merge(ls.logs)  # `accumulated_logs` in the end hooks
-        if ls.state is not self.state:
+        if counted:
             self.current = ls.elapsed_after

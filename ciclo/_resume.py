@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ciclo._history import History
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, short
 
 __all__ = ["is_factory", "position", "prepare"]
 
@@ -81,7 +81,7 @@ def position(dataset: Any, elapsed: Elapsed | None, skip: int, where: str) -> An
             raise TypeError(
                 f"{where}: `dataset` is callable but not iterable, so it is taken "
                 f"as a factory `dataset(start_step) -> iterable of batches` and "
-                f"called with the step to start from; but {dataset!r:.80} cannot "
+                f"called with the step to start from; but {short(dataset, 80)} cannot "
                 f"be called with one argument ({error}). Pass an iterable, or a "
                 f"function such as `lambda start_step: batches[start_step:]`."
             ) from None

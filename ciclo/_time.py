@@ -13,7 +13,17 @@ from typing import Any
 
 import jax
 
-__all__ = ["Elapsed", "Period", "Steps", "at", "elapse"]
+__all__ = ["Elapsed", "Period", "Steps", "at", "elapse", "short"]
+
+
+def short(value: Any, limit: int = 100) -> str:
+    """`value` for an error message, on one line: an array by its type, shape and
+    dtype (never its multi-line repr), anything else by its repr cut at `limit`."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None and not isinstance(value, type):
+        return f"a {type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +163,7 @@ def as_period(value: Any, argument: str) -> Period:
         return Period(steps=int(value))
     raise TypeError(
         f"`{argument}` must be an int (steps) or a ciclo.Period such as "
-        f"ciclo.at(samples=10_000); got {value!r} ({type(value).__name__})."
+        f"ciclo.at(samples=10_000); got {short(value)} ({type(value).__name__})."
     )
 
 

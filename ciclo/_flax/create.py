@@ -10,6 +10,7 @@ import optax
 
 from ciclo._callback import arity
 from ciclo._flax.state import FlaxState
+from ciclo._time import short
 
 __all__ = ["create_flax_state"]
 
@@ -164,7 +165,7 @@ def _create(
         if not callable(grads_fn):
             raise TypeError(
                 f"create_flax_state: grads_fn must be a function (grads[, state]) "
-                f"-> logs_or_None, got {type(grads_fn).__name__}: {grads_fn!r:.100}."
+                f"-> logs_or_None, got {type(grads_fn).__name__}: {short(grads_fn)}."
             )
         arity(grads_fn, "create_flax_state(grads_fn=...)", most=2)
 
@@ -209,7 +210,7 @@ def _create(
         return create_linen_state(module, inputs, _require_tx(tx), **common, **chosen)
     raise TypeError(
         f"create_flax_state expects a flax.linen.Module or a flax.nnx.Module, got "
-        f"{type(module).__name__}: {module!r:.100}."
+        f"{type(module).__name__}: {short(module)}."
     )
 
 

@@ -15,12 +15,15 @@ class Peekable:
 
     def __init__(self, iterator: Iterator[Any]):
         self._iterator, self._ahead = iterator, []
+        self.empty = True  # no batch came out yet
 
     def __iter__(self) -> Peekable:
         return self
 
     def __next__(self) -> Any:
-        return self._ahead.pop() if self._ahead else next(self._iterator)
+        batch = self._ahead.pop() if self._ahead else next(self._iterator)
+        self.empty = False
+        return batch
 
     def exhausted(self) -> bool:
         if not self._ahead:

@@ -13,6 +13,7 @@ The whole per-batch order of `train_loop`, from `named.TRAIN`:
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -36,7 +37,7 @@ from ciclo._loops.named import (
 from ciclo._loops.register import as_list, register
 from ciclo._resume import position, prepare
 from ciclo._schedules.base import Schedule
-from ciclo._time import Elapsed, Period, as_period
+from ciclo._time import Elapsed, Period, as_period, short
 from ciclo.callbacks._inner_loop import TEST_AGGREGATION, inner_loop
 
 
@@ -192,12 +193,20 @@ def train_loop(
             kwargs["aggregation"] = {**TEST_AGGREGATION, **aggregation}
         nested.append(inner_loop(test_name, run_test, **kwargs))
     tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, nested)
-    return loop(
+    result = loop(
         state, data, tasks, stop=stop, on_start=on_start, on_end=on_end,
         history=history, elapsed=elapsed, metadata=metadata,
         catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
         steps_per_call=1,  # grouped above, before the epoch's look-ahead
     )  # fmt: skip
+    if data.empty and not (stop_at is not None and stop_at.reached(start)):
+        warnings.warn(
+            f"train_loop: `dataset` yielded no batch (starting at step "
+            f"{start.steps}), so nothing was trained. Check that it is not an "
+            f"exhausted iterator or generator, or an empty list.",
+            stacklevel=2,
+        )
+    return result
 
 
 def _resuming(callbacks: list[Any], directory: Any) -> list[Any]:
@@ -218,7 +227,7 @@ def _iterate(dataset: Any, what: str) -> Iterator[Any]:
         return iter(dataset)
     except TypeError:
         raise TypeError(
-            f"train_loop: {what} {dataset!r:.100} ({type(dataset).__name__}), which "
+            f"train_loop: {what} {short(dataset)} ({type(dataset).__name__}), which "
             f"is not iterable; expected an iterable of batches."
         ) from None
 
@@ -230,7 +239,7 @@ def _evaluation(named, test_dataset, test_duration, loop_kwargs):
         raise TypeError(
             f"train_loop: `test_dataset` must be a zero-argument callable returning a "
             f"fresh iterable each epoch, e.g. lambda: make_test_batches(); got "
-            f"{test_dataset!r:.100} ({type(test_dataset).__name__})."
+            f"{short(test_dataset)} ({type(test_dataset).__name__})."
         )
     arity(test_dataset, "train_loop: `test_dataset`", most=0)
     if not named[on_test_step]:
@@ -244,10 +253,20 @@ def _evaluation(named, test_dataset, test_duration, loop_kwargs):
 
     def run_test(state: Any) -> tuple[Any, History, Elapsed]:
         data = _iterate(test_dataset(), "`test_dataset()` returned")
-        return _run(
+        output = _run(
             TEST, state, data, test_named, [], stop=test_duration,
             catch_keyboard_interrupt=False, **loop_kwargs,
         )  # fmt: skip
+        if output[2].steps == 0:
+            warnings.warn(
+                f"train_loop: `test_dataset()` yielded no batch, so this epoch has "
+                f"no test metrics (monitors of them fail at this step). "
+                f"`test_dataset` must return a FRESH iterable each epoch: "
+                f"`lambda: make_batches()`, not `lambda: g` with one generator `g` "
+                f"(exhausted after the first epoch). Got {short(test_dataset, 80)}.",
+                stacklevel=2,
+            )
+        return output
 
     return run_test
 

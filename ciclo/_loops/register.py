@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo._loops.named import Table, aliases_of, resolve
+from ciclo._time import short
 
 
 def as_list(value: Any) -> list[Any]:
@@ -56,7 +57,7 @@ def register(table: Table, state: Any, tasks: Any, callbacks: Any):
                 else ""
             )
             raise TypeError(
-                f"{table.loop}: callbacks[{i}] ({callback!r:.60}) has no attribute "
+                f"{table.loop}: callbacks[{i}] ({short(callback, 60)}) has no attribute "
                 f"named like a named schedule of {table.loop} ({list(table.own)}), "
                 f"so it cannot register itself.{hint} Otherwise put it in `tasks` "
                 f"with a schedule, e.g. {{ciclo.every(1): [callback]}}."

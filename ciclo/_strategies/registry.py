@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ciclo._strategies.base import Strategy
+from ciclo._time import short
 
 __all__ = [
     "get_strategy",
@@ -94,7 +95,7 @@ def get_strategy(name: str | Strategy) -> Strategy:
     if not isinstance(name, str):
         raise TypeError(
             f"get_strategy expects a strategy name (a str such as 'jit') or a "
-            f"ciclo.Strategy, got {type(name).__name__}: {name!r:.100}."
+            f"ciclo.Strategy, got {type(name).__name__}: {short(name)}."
         )
     try:
         return _REGISTRY[_normalize(name)]

@@ -10,6 +10,7 @@ import numpy as np
 
 from ciclo._history import ELAPSED, History
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, Logs
+from ciclo._time import short
 
 __all__ = ["AGGREGATIONS", "InnerLoop", "inner_loop"]
 
@@ -202,7 +203,7 @@ class InnerLoop:
         ):
             raise TypeError(
                 f"inner_loop {self.name!r}: `loop_fn` must return (state, history, "
-                f"elapsed) like ciclo.loop / ciclo.test_loop; got {output!r:.200}."
+                f"elapsed) like ciclo.loop / ciclo.test_loop; got {short(output, 200)}."
             )
         inner_state, history, elapsed = output
         logs = self.aggregate(history, elapsed)
@@ -210,6 +211,18 @@ class InnerLoop:
 
     def __loop_callback__(self, loop_state: Any) -> tuple[Logs, Any]:
         logs, state = self(loop_state.state)
+        step = loop_state.logs
+        clash = [
+            f"{c}.{n}" for c, entries in logs.items() for n in entries
+            if n in step.get(c, ())
+        ]  # fmt: skip
+        if clash:
+            raise ValueError(
+                f"inner_loop {self.name!r}: its entries {clash} were already logged "
+                f"at this step by another callback, which they would overwrite. "
+                f"Rename one of them, or give the inner loop another name (its "
+                f"entries are suffixed _{self.name})."
+            )
         return logs, state if self.output_state else None
 
 

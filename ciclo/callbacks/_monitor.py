@@ -131,8 +131,27 @@ class Monitor:
         return float(value.reshape(()))
 
     def read_loop_state(self, loop_state: Any) -> float:
-        """Reads the value from `loop_state.logs`, then `loop_state.accumulated_logs`."""
-        return self.read(loop_state.logs, loop_state.accumulated_logs)
+        """Reads the value logged at this step (`loop_state.logs`), never a stale
+        one from an earlier step.
+
+        Raises:
+            ValueError: if the entry was not logged at this step; the message
+                says when it was last logged, if ever.
+        """
+        if _lookup(loop_state.logs, self.name)[0]:
+            return self.read(loop_state.logs)
+        earlier = _lookup(loop_state.accumulated_logs, self.name)[0]
+        if not earlier:
+            return self.read(loop_state.logs)  # never logged: lists what was
+        logged = sorted(f"{c}.{n}" for c, v in loop_state.logs.items() for n in v)
+        raise ValueError(
+            f"{self.owner}: the monitored metric {self.name!r} was not logged at "
+            f"step {loop_state.elapsed.steps} (it was at an earlier step; logged "
+            f"now: {logged or 'none'}). A monitor acts only on fresh values: run it "
+            f"on the schedule of the step that logs {self.name!r} (e.g. "
+            f"on_epoch_end for test metrics), after that step. If the test loop "
+            f"logged nothing, check that `test_dataset()` returns a fresh iterable."
+        )
 
     # -- comparing ----------------------------------------------------------------
     def improves(self, value: float, best: float | None) -> bool:

@@ -15,6 +15,7 @@ from ciclo._strategies.registry import (
     register_strategy,
     registered_name,
 )
+from ciclo._time import short
 
 __all__ = ["ManagedState"]
 
@@ -48,7 +49,7 @@ def resolve(strategy: str | Strategy) -> tuple[str, Strategy]:
     if not isinstance(strategy, Strategy):
         raise TypeError(
             f"`strategy` must be a registered name (e.g. 'jit') or a "
-            f"ciclo.Strategy, got {type(strategy).__name__}: {strategy!r:.100}."
+            f"ciclo.Strategy, got {type(strategy).__name__}: {short(strategy)}."
         )
     name = registered_name(strategy)
     if name is not None:

@@ -24,7 +24,7 @@ from ciclo._callback import arity, describe, inject, split_output
 from ciclo._logs import LOSSES, METRICS, OUTPUTS, STATEFUL_METRICS, Logs
 from ciclo._strategies.base import Collectives, Strategy, is_stateful_metric
 from ciclo._strategies.registry import get_strategy
-from ciclo._time import Elapsed, Steps
+from ciclo._time import Elapsed, Steps, short
 from ciclo.callbacks._base import LoopElement
 
 __all__ = [
@@ -194,7 +194,7 @@ class ManagedStep(LoopElement):
         if not callable(fn):
             raise TypeError(
                 f"{kind} decorates a function f(state[, batch[, elapsed]]), got "
-                f"{type(fn).__name__}: {fn!r:.100}."
+                f"{type(fn).__name__}: {short(fn)}."
             )
         n = arity(fn, kind, most=3)
         if n == 0:
@@ -210,7 +210,7 @@ class ManagedStep(LoopElement):
             if not callable(grads_fn):
                 raise TypeError(
                     f"{kind}: grads_fn must be a function (grads[, state]) -> "
-                    f"logs_or_None, got {type(grads_fn).__name__}: {grads_fn!r:.100}."
+                    f"logs_or_None, got {type(grads_fn).__name__}: {short(grads_fn)}."
                 )
             arity(grads_fn, f"{kind}(grads_fn=...)", most=2)
         functools.update_wrapper(self, fn)
@@ -249,6 +249,12 @@ class ManagedStep(LoopElement):
             return self._call_fused(strategy, state, batch, elapsed)
         compiled = self._compiled.get(strategy)
         if compiled is None:
+            if self.grad and not hasattr(state, "params"):
+                raise TypeError(
+                    f"{self!r} differentiates w.r.t. `state.params`, but the "
+                    f"{type(state).__name__} it got has no `params`. Create the "
+                    f"state with managed.ManagedState.create(params=..., tx=...)."
+                )
             compiled = self._compiled[strategy] = strategy.wrap(
                 self._build(strategy), donate=strategy.donate and self.grad
             )

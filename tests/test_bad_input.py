@@ -1,0 +1,333 @@
+"""Every bad input of API.md §3 and the README's "Bad input" list: one clear error
+naming the culprit and the fix, or the documented handling (a warning)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ciclo
+from ciclo import managed
+
+ALWAYS = ciclo.every(1)
+ROOT = Path(__file__).parent.parent
+
+
+def _step(state, batch):
+    return ciclo.logs().add_metric("x", batch), state + 1
+
+
+def _subprocess(code: str, **env) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    environment.pop("XLA_FLAGS", None)
+    environment.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, env=environment, timeout=240,
+    )  # fmt: skip
+
+
+# -- API.md §3 ---------------------------------------------------------------------
+def test_task_key_that_is_not_a_schedule():
+    with pytest.raises(TypeError, match=r"Task key 3 \(int\) is not a schedule.*every"):
+        ciclo.loop(0, [1], {3: _step})
+
+
+def test_callback_that_is_not_callable():
+    with pytest.raises(
+        TypeError, match=r"tasks\[every\(steps=1\)\]\[0\] is 3 .*not callable"
+    ):
+        ciclo.loop(0, [1], {ALWAYS: 3})
+
+
+def test_three_tuple_return_names_the_callback():
+    def three(state):
+        return 1, 2, 3
+
+    with pytest.raises(TypeError, match=r"three returned a tuple of length 3"):
+        ciclo.loop(0, [1], {ALWAYS: three})
+
+
+def test_unknown_named_schedule_lists_the_valid_ones():
+    with pytest.raises(
+        ValueError, match=r"'on_trian_step'.*Did you mean 'on_train_step'"
+    ):
+        ciclo.train_loop(0, [1], {"on_trian_step": _step})
+
+
+def test_monitored_metric_that_never_appears():
+    for callback in (ciclo.early_stopping("nope", 2),):
+        with pytest.raises(ValueError, match=r"'nope' was not logged.*metrics\.x"):
+            ciclo.loop(0, [1], {ALWAYS: [_step, callback]})
+
+
+# -- datasets, stop, schedules, periods -------------------------------------------
+def test_empty_dataset_runs_nothing_and_train_loop_warns():
+    state, history, elapsed = ciclo.loop(0, [], {ALWAYS: _step})
+    assert (state, len(history), elapsed.steps) == (0, 0, 0)  # documented: ends
+    with pytest.warns(UserWarning, match=r"`dataset` yielded no batch"):
+        ciclo.train_loop(0, iter([]), {ciclo.on_train_step: _step},
+                         callbacks=[ciclo.keras_bar()])  # fmt: skip
+
+
+def test_dataset_that_is_not_iterable():
+    with pytest.raises(
+        TypeError, match=r"`dataset` must be an iterable.*got 5 \(int\)"
+    ):
+        ciclo.loop(0, 5, {ALWAYS: _step})
+    with pytest.raises(TypeError, match=r"train_loop: `dataset` is 5 \(int\)"):
+        ciclo.train_loop(0, 5, {ciclo.on_train_step: _step})
+
+
+@pytest.mark.parametrize("stop", ["10", 1.5, True, [3]])
+def test_stop_of_a_wrong_type(stop):
+    with pytest.raises(
+        TypeError, match=r"`stop` must be an int \(steps\) or a ciclo.Period"
+    ):
+        ciclo.loop(0, [1], {ALWAYS: _step}, stop=stop)
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_every_zero_or_negative(n):
+    with pytest.raises(ValueError, match=r"must be positive \(> 0\)"):
+        ciclo.every(n)
+
+
+def test_period_with_no_field():
+    with pytest.raises(
+        ValueError, match=r"at least one of steps, samples, time or date"
+    ):
+        ciclo.at()
+
+
+# -- callbacks ---------------------------------------------------------------------
+def test_callback_raising_mid_loop_reraises_with_a_note_and_keeps_the_history():
+    def boom(state, batch):
+        if batch == 2:
+            raise RuntimeError("boom")
+
+    history = ciclo.history()
+    with pytest.raises(RuntimeError, match="boom") as info:
+        ciclo.loop(0, range(5), {ALWAYS: [_step, boom]}, history=history)
+    note = "\n".join(info.value.__notes__)
+    assert "step 2" in note and "boom" in note and "2 rows" in note
+    assert history.collect("steps", "x") == ([0, 1], [0, 1])  # up to the last step
+
+
+def test_bare_array_returned_for_a_structured_state_is_an_error_naming_it():
+    def eval_step(state, batch):  # Jax Fit style: returns its accuracy
+        return jnp.mean(batch)
+
+    with pytest.raises(
+        TypeError, match=r"eval_step returned an array of shape \(\).*add_metric"
+    ):
+        ciclo.loop({"w": jnp.ones(2)}, [jnp.ones(2)], {ALWAYS: eval_step})
+
+
+def test_legit_state_returns_pass_the_check():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class State:
+        w: float
+
+    @dataclasses.dataclass
+    class Subclass(State):
+        pass
+
+    cases = [
+        (0, lambda s, b: s + b),  # int -> int
+        (0, lambda s, b: jnp.asarray(s + b)),  # number -> array
+        (jnp.zeros(()), lambda s, b: s + b),  # array -> array
+        ({"w": 1}, lambda s, b: {"w": s["w"] + b}),  # dict -> dict
+        (State(0.0), lambda s, b: Subclass(s.w + b)),  # class -> subclass
+        (None, lambda s, b: 1),  # a first state
+        ((1, 2), lambda s, b: (None, (s[0] + b, s[1]))),  # tuple state via (None, s)
+    ]
+    for state, callback in cases:
+        ciclo.loop(state, [1, 2], {ALWAYS: callback})
+
+
+def test_swapped_return_with_a_params_dict_state():
+    with pytest.raises(
+        TypeError, match=r"the logs come first\. Return \(logs, state\)"
+    ):
+        ciclo.loop({"w": 1}, [1], {ALWAYS: lambda s: ({"w": 2}, ciclo.logs())})
+
+
+def test_keras_bar_without_the_call():
+    with pytest.raises(TypeError, match=r"class keras_bar.*keras_bar\(\.\.\.\)"):
+        ciclo.train_loop(
+            0, [1], {ciclo.on_train_step: _step}, callbacks=[ciclo.keras_bar]
+        )
+
+
+def test_metric_name_clash_between_the_step_and_the_test_loop():
+    class State(int):
+        def train_step(self, batch):
+            logs = ciclo.logs().add_metric("accuracy_test", 1.0)
+            return logs, State(self + 1)
+
+        def test_step(self, batch):
+            return ciclo.logs().add_metric("accuracy", 0.5)
+
+    with pytest.raises(
+        ValueError, match=r"\['metrics.accuracy_test'\] were already logged"
+    ):
+        ciclo.train_loop(State(0), [1] * 2, test_dataset=lambda: [1], epoch_duration=1)
+    # a bare name in two collections is ambiguous when read, with the fix
+    _, history, _ = ciclo.loop(0, [1], {ALWAYS: lambda: ciclo.logs()
+                                        .add_metric("l", 1).add_loss("l", 2)})  # fmt: skip
+    with pytest.raises(ValueError, match=r"'l' is ambiguous.*'metrics.l', 'losses.l'"):
+        history.collect("l")
+
+
+# -- test_dataset, monitors ----------------------------------------------------------
+class _Model(int):
+    def train_step(self, batch):
+        return ciclo.logs().add_loss("loss", 1.0), _Model(self + 1)
+
+    def test_step(self, batch):
+        return ciclo.logs().add_metric("acc", 0.5)
+
+
+def test_test_dataset_yielding_no_batch_warns_and_monitors_see_no_stale_value():
+    batches = (b for b in [1, 2])  # one generator: exhausted after epoch 1
+
+    with pytest.warns(UserWarning, match=r"`test_dataset\(\)` yielded no batch.*FRESH"):
+        _, history, _ = ciclo.train_loop(
+            _Model(0), [1] * 4, test_dataset=lambda: batches, epoch_duration=2
+        )
+    assert history.collect("steps", "acc_test") == ([1], [0.5])
+    batches = (b for b in [1, 2])
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(
+            ValueError,
+            match=r"'acc_test' was not logged at step 3 \(it was at an earlier",
+        ),
+    ):  # early_stopping does not reuse the first epoch's value
+        ciclo.train_loop(
+            _Model(0), [1] * 4, test_dataset=lambda: batches, epoch_duration=2,
+            callbacks=[ciclo.early_stopping("acc_test", patience=1, mode="max")],
+        )  # fmt: skip
+
+
+# -- managed -------------------------------------------------------------------------
+def test_non_scalar_loss_in_a_managed_train_step():
+    @managed.train_step
+    def fit(state, batch):
+        return ciclo.logs().add_loss("l", state.params * batch)
+
+    state = managed.ManagedState.create(params=jnp.ones(3), tx=optax.sgd(0.1))
+    with pytest.raises(
+        TypeError, match=r"'losses.l' logged by .*fit has shape \(3,\).*jnp.mean"
+    ):
+        fit(state, jnp.ones(3))
+
+
+def test_state_without_params_given_to_managed_train_step():
+    @managed.train_step
+    def fit(state, batch):
+        return ciclo.logs().add_loss("l", jnp.mean(batch))
+
+    with pytest.raises(
+        TypeError, match=r"needs a ciclo.managed.ManagedState.*got dict"
+    ):
+        fit({"w": jnp.ones(3)}, jnp.ones(3))
+
+    class NoParams:
+        strategy = "jit"
+
+    with pytest.raises(TypeError, match=r"NoParams it got has no `params`"):
+        fit(NoParams(), jnp.ones(3))
+
+
+def test_batch_not_divisible_across_devices():
+    result = _subprocess(
+        """
+        import jax.numpy as jnp, optax, ciclo
+        from ciclo import managed
+        @managed.train_step
+        def fit(state, batch):
+            return ciclo.logs().add_loss("l", jnp.mean(state.params * batch))
+        state = managed.ManagedState.create(
+            params=jnp.ones(()), tx=optax.sgd(0.1), strategy="data_parallel")
+        fit(state, jnp.ones(6))
+        """,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    )
+    assert result.returncode != 0
+    assert "does not split evenly across 4 devices" in result.stderr, result.stderr[
+        -2000:
+    ]
+
+
+def test_missing_optional_dependency_says_what_to_install():
+    result = _subprocess(
+        """
+        import sys
+        sys.modules["orbax"] = None
+        sys.modules["orbax.checkpoint"] = None
+        import ciclo
+        ciclo.checkpoint("/tmp/never")
+        """
+    )
+    assert result.returncode != 0
+    assert "pip install 'ciclo[checkpoint]'" in result.stderr, result.stderr[-2000:]
+
+
+# -- checkpoints -------------------------------------------------------------------
+def test_checkpoint_directory_with_a_foreign_layout(tmp_path):
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "weights.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(Exception) as info:
+        ciclo.restore(tmp_path, {"w": jnp.zeros(2)})
+    message = str(info.value)
+    assert str(tmp_path) in message or "checkpoint" in message.lower(), message
+    assert "\n" not in message.strip() or len(message) < 2000
+
+
+def test_restoring_into_a_state_of_a_different_structure(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+    ckpt(ciclo.Elapsed.create(), {"w": jnp.ones(2)})
+    ckpt.close()
+    with pytest.raises(Exception) as info:
+        ciclo.restore(tmp_path, {"w": jnp.zeros(2), "b": jnp.zeros(3)})
+    assert not isinstance(info.value, KeyError | AttributeError), info.value
+
+
+def test_two_checkpoint_writers_on_one_directory(tmp_path):
+    a, b = ciclo.checkpoint(tmp_path), ciclo.checkpoint(tmp_path)
+    with pytest.raises(ValueError, match=r"Two ciclo.checkpoint writers save to"):
+        ciclo.loop(jnp.zeros(()), [1, 2], {ALWAYS: [lambda s, b: s + b, a, b]})
+
+
+# -- messages ------------------------------------------------------------------------
+def test_no_error_message_embeds_a_multi_line_array_repr():
+    big = np.zeros((50, 50))
+    with pytest.raises(TypeError) as info:
+        ciclo.loop(0, big[0, 0], {ALWAYS: _step})  # a 0-d array: not iterable
+    assert "\n" not in str(info.value)
+    for bad in (big, jnp.zeros((50, 50))):
+        for call in (
+            lambda bad=bad: ciclo.loop(0, [1], {ALWAYS: bad}),
+            lambda bad=bad: ciclo.loop(0, [1], {ALWAYS: _step}, stop=bad),
+            lambda bad=bad: ciclo.train_loop(
+                0, [1], {ciclo.on_train_step: _step}, test_dataset=bad
+            ),
+            lambda bad=bad: ciclo.loop(0, [1], {ALWAYS: _step}, elapsed=bad),
+        ):
+            with pytest.raises(TypeError) as info:
+                call()
+            assert len(str(info.value)) < 600 and str(info.value).count("\n") <= 1, str(
+                info.value
+            )

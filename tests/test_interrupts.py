@@ -1,0 +1,232 @@
+"""Ctrl-C at every point of the commit path never duplicates nor drops a row.
+
+A `sys.settrace` hook raises `KeyboardInterrupt` at the k-th line executed inside
+the loop's per-batch path (the interpreter, `History.commit` and its lagged flush
+and device transfer, `Logs.merge`, `Elapsed.update`/`update_time`, `batch_size`),
+for every k. After each interrupted run: the history's steps are exactly the
+batches `elapsed` counts, the state holds exactly those batches, and resuming
+from what was returned ends with the history of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax.numpy as jnp
+import pytest
+
+import ciclo
+from ciclo import _history, _loop, _time
+from ciclo._logs import Logs
+
+ALWAYS = ciclo.every(1)
+BATCHES = 6
+
+WATCHED = {
+    f.__code__
+    for f in (
+        _history.History.commit,
+        _history.History._flush,
+        _history.History._ready,
+        _history._Column.append,
+        _history._scalar,
+        _history._to_host,
+        _loop._Run.batches,
+        _loop._Apply.__call__,
+        _loop.LoopState.accumulated_logs.fget,
+        Logs.merge,
+        Logs.add_entry,
+        _time.Elapsed.update,
+        _time.Elapsed.update_time,
+        _time._make,
+        _time.batch_size,
+        _time._leaves,
+    )
+}
+
+
+class _Interrupt:
+    """A trace hook raising KeyboardInterrupt at the `at`-th watched line."""
+
+    def __init__(self, at: int | None, within: object = None):
+        self.at, self.lines, self.where, self.within = at, 0, None, within
+
+    def __enter__(self):
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+
+    def _global(self, frame, event, arg):
+        if frame.f_code not in WATCHED:
+            return None
+        if self.within is not None:  # only below a frame running `within`
+            outer = frame
+            while outer is not None and outer.f_code is not self.within:
+                outer = outer.f_back
+            if outer is None:
+                return None
+        return self._local
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.lines += 1
+            if self.lines == self.at:
+                self.where = f"{frame.f_code.co_qualname}:{frame.f_lineno}"
+                sys.settrace(None)
+                frame.f_trace = None
+                raise KeyboardInterrupt
+        return self._local
+
+
+def _tasks(value):
+    def train(state, batch):  # the state counts the batches it was trained on
+        logs = ciclo.logs().add_metric("x", value(batch))
+        if batch % 3 == 0:
+            logs.add_loss("y", value(-batch))
+        return logs, state + 1
+
+    def extra(state, batch):  # a logs-only callback after the step, every other
+        return ciclo.logs().add_metric("z", value(10 * batch))
+
+    return {ALWAYS: train, ciclo.every(2): extra}
+
+
+def _run(value, at, history=None, elapsed=None):
+    start = 0 if elapsed is None else elapsed.steps
+    with _Interrupt(at, _loop._Run.batches.__code__) as trace:
+        state, history, elapsed = ciclo.loop(
+            start,
+            list(range(start, BATCHES)),
+            _tasks(value),
+            history=history if history is not None else ciclo.history(lag=2),
+            elapsed=elapsed,
+        )
+    return state, history, elapsed, trace
+
+
+def _rows(history):
+    """(step, x, z or None) per row, read through the public API."""
+    return [
+        (
+            int(row["elapsed"]["steps"]),
+            float(row["metrics"]["x"]),
+            float(row["metrics"]["z"]) if "z" in row["metrics"] else None,
+        )
+        for row in history
+    ]
+
+
+@pytest.mark.parametrize(
+    "value", [int, lambda b: jnp.float32(b)], ids=["python", "device"]
+)
+def test_ctrl_c_at_every_line_of_the_commit_path(value):
+    _, reference, _, trace = _run(value, None)
+    total = trace.lines
+    expected = _rows(reference)
+    assert [s for s, _, _ in expected] == list(range(BATCHES))
+    assert total > 100
+    points = set()
+    for at in range(1, total + 1):
+        state, history, elapsed, trace = _run(value, at)
+        assert trace.where is not None
+        points.add(trace.where.split(":")[0])
+        n = elapsed.steps
+        where = f"interrupted at {trace.where} (line event {at})"
+        assert state == n, where  # exactly the counted batches reached the state
+        steps = history.collect("steps")
+        assert steps == list(range(n)), where  # no duplicate, no gap
+        rows = _rows(history)
+        assert rows[:-1] == expected[: max(n - 1, 0)], where
+        if n:  # the interrupted batch may count without its later callbacks
+            assert rows[-1] in (expected[n - 1], (*expected[n - 1][:2], None)), where
+        assert history.collect("steps", "y") == (
+            [s for s in range(n) if s % 3 == 0],
+            [float(-s) for s in range(n) if s % 3 == 0],
+        ), where
+        # resuming from what was returned completes the uninterrupted history
+        state, history, elapsed, _ = _run(value, None, history, elapsed)
+        assert (state, elapsed.steps) == (BATCHES, BATCHES), where
+        rows = _rows(history)
+        assert [r[:2] for r in rows] == [r[:2] for r in expected], where
+        assert all(r == e or r[2] is None for r, e in zip(rows, expected)), where
+    assert {"History.commit", "History._flush", "Logs.merge", "batch_size"} <= points
+    assert "Elapsed.update_time" in points
+    if value is not int:
+        assert "_to_host" in points
+
+
+@pytest.mark.parametrize("value", [int, jnp.float32], ids=["python", "device"])
+def test_a_cut_short_commit_or_read_is_healed(value):
+    def fresh():
+        history = ciclo.history(lag=1)  # every commit flushes
+        history.commit(ciclo.Elapsed.create(), ciclo.logs().add_metric("a", value(1)))
+        return history
+
+    def second():
+        return ciclo.logs().add_metric("a", value(2)).add_metric("b", value(3))
+
+    elapsed = ciclo.Elapsed.create(steps=1)
+    commit = ciclo.History.commit.__code__
+    history, row = fresh(), second()
+    with _Interrupt(None, commit) as trace:
+        history.commit(elapsed, row)
+    assert trace.lines > 10
+    for at in range(1, trace.lines + 1):
+        history, row = fresh(), second()
+        with _Interrupt(at, commit) as trace, pytest.raises(KeyboardInterrupt):
+            history.commit(elapsed, row)
+        where = trace.where
+        published = len(history) == 2
+        assert history.collect("steps", "a") == (
+            ([0, 1], [1, 2]) if published else ([0], [1])
+        ), where
+        assert history.collect("b") == ([3] if published else []), where
+        keys = history.keys()
+        assert ("metrics.b" in keys) == published, where
+        if not published:  # the caller commits the row again: once
+            history.commit(elapsed, row)
+        assert history.collect("steps", "a", "b") == ([1], [2], [3]), where
+        history.commit(elapsed.update(1), ciclo.logs().add_metric("a", value(4)))
+        assert history.collect("steps", "a") == ([0, 1, 2], [1, 2, 4]), where
+
+    # Ctrl-C in a read's flush (the transfer) loses nothing
+    def pending():
+        history = ciclo.history(lag=100)
+        for step in range(3):
+            history.commit(
+                ciclo.Elapsed.create(steps=step),
+                ciclo.logs().add_metric("a", value(step)),
+            )
+        return history
+
+    collect = ciclo.History.collect.__code__
+    history = pending()
+    with _Interrupt(None, collect) as trace:
+        history.collect("a")
+    assert trace.lines > 5
+    for at in range(1, trace.lines + 1):
+        history = pending()
+        with _Interrupt(at, collect), pytest.raises(KeyboardInterrupt):
+            history.collect("a")
+        assert history.collect("steps", "a") == ([0, 1, 2], [0, 1, 2])
+
+
+def test_interrupted_batch_that_did_not_reach_the_state_leaves_no_row():
+    def train(state, batch):
+        return ciclo.logs().add_metric("x", batch), state + 1
+
+    def log(state, batch):
+        return ciclo.logs().add_metric("x", batch)
+
+    def interrupt(batch):
+        if batch == 3:
+            raise KeyboardInterrupt
+
+    # batch 3 logged before the step but never reached the state: it is redone
+    state, history, elapsed = ciclo.loop(
+        0, range(10), {ALWAYS: [log, interrupt, train]}
+    )
+    assert (state, elapsed.steps) == (3, 3)
+    assert history.collect("steps") == [0, 1, 2]
