@@ -15,9 +15,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ciclo._logs import Logs
 from ciclo._loops.predefined import train_loop
 from ciclo._loops.register import as_list
-from ciclo._logs import Logs
 from ciclo._time import Elapsed
 
 
@@ -31,7 +31,9 @@ class _Handoff:
 
     def on_epoch_end(self, state, batch, elapsed, loop_state) -> None:
         logs = Logs({c: dict(entries) for c, entries in loop_state.logs.items()})
-        self.to_caller.put(("epoch", (loop_state.state, logs, loop_state.elapsed_after)))
+        self.to_caller.put(
+            ("epoch", (loop_state.state, logs, loop_state.elapsed_after))
+        )
         if self.to_loop.get() == "stop":
             loop_state.stop_after_batch()
 

@@ -19,7 +19,13 @@ from typing import Any
 from ciclo._callback import arity
 from ciclo._history import History
 from ciclo._loop import loop
-from ciclo._loops.epoch import EpochEnd, EpochMeans, Passes, passes, zero_argument_factory
+from ciclo._loops.epoch import (
+    EpochEnd,
+    EpochMeans,
+    Passes,
+    passes,
+    zero_argument_factory,
+)
 from ciclo._loops.named import (
     EPOCH_LOGS,
     EPOCH_SUM,
@@ -31,7 +37,6 @@ from ciclo._loops.named import (
     Table,
     When,
     aliases_of,
-    on_epoch_begin,
     on_reset_step,
     on_test_step,
 )
@@ -55,9 +60,11 @@ class _Named(Schedule):
 
     def __call__(self, elapsed_or_loop_state: Any) -> bool:
         x = elapsed_or_loop_state
-        if self.epoch is not None:
-            if not (self.epoch.begins() if self.begin else self.epoch(x)):
-                return False
+        fires = self.epoch is None or (
+            self.epoch.begins() if self.begin else self.epoch(x)
+        )
+        if not fires:
+            return False
         if self.when is None:
             return True
         if self.when.every is not None:
@@ -86,7 +93,9 @@ def _keys(name, callbacks, **where) -> list[tuple[_Named, list[Any]]]:
             if plain:
                 entries.append((_Named(name, **where), plain))
                 plain = []
-            entries.append((_Named(name, when=callback.when, **where), callback.callbacks))
+            entries.append(
+                (_Named(name, when=callback.when, **where), callback.callbacks)
+            )
         else:
             plain.append(callback)
     if plain:
@@ -243,7 +252,9 @@ def train_loop(
     state, history, elapsed, skip = prepare(
         [*(tasks or {}).values(), *as_list(callbacks)], state, history, elapsed
     )
-    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+    if epochs is not None and (
+        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
+    ):
         raise ValueError(
             f"train_loop: `epochs` must be an int >= 1 (passes over `dataset`, or "
             f"epochs of `epoch_duration`), got {epochs!r}."
@@ -252,7 +263,8 @@ def train_loop(
         as_period(test_duration, "test_duration")
     data = None
     if epochs is not None or zero_argument_factory(dataset):
-        repeat = epochs if epoch_duration is None else None
+        # how many passes: one without `epochs`; no bound when epochs are durations
+        repeat = 1 if epochs is None else epochs if epoch_duration is None else None
         data = passes(dataset, repeat, "train_loop")
     if data is None:
         dataset = position(dataset, elapsed, skip, "train_loop")
@@ -262,7 +274,9 @@ def train_loop(
     start = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
     stop_at = None if stop is None else as_period(stop, "stop")
     if epochs is not None and epoch_duration is not None:
-        stop_at = _earliest(stop_at, as_period(epoch_duration, "epoch_duration"), epochs)
+        stop_at = _earliest(
+            stop_at, as_period(epoch_duration, "epoch_duration"), epochs
+        )
     finite = epochs is None or epoch_duration is None  # the data can end an epoch
     epoch = EpochEnd(
         epoch_duration, stop_at, start, data.exhausted if finite else None,
@@ -280,7 +294,9 @@ def train_loop(
             "test_dataset=lambda: make_test_batches() too, or drop `test_every`."
         )
     if not isinstance(epoch_logs, bool):
-        raise TypeError(f"train_loop: `epoch_logs` must be True or False, got {epoch_logs!r}.")
+        raise TypeError(
+            f"train_loop: `epoch_logs` must be True or False, got {epoch_logs!r}."
+        )
     if epoch_logs:
         means = EpochMeans()
         builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [means.add], [means.means]
@@ -300,7 +316,9 @@ def _earliest(stop: Period | None, duration: Period, epochs: int) -> Period:
     return Period.create(**fields)
 
 
-def _test_loops(named, test_dataset, test_duration, test_name, test_every, kwargs, loop_kwargs):
+def _test_loops(
+    named, test_dataset, test_duration, test_name, test_every, kwargs, loop_kwargs
+):
     """The test loops' `inner_loop`s of the epoch end, behind `test_every`."""
     if isinstance(test_dataset, Mapping):
         datasets = dict(test_dataset)
@@ -341,7 +359,9 @@ def _test_loops(named, test_dataset, test_duration, test_name, test_every, kwarg
         return loops
     if isinstance(test_every, int) and not isinstance(test_every, bool):
         if test_every < 1:
-            raise ValueError(f"train_loop: `test_every` must be >= 1 epochs, got {test_every}.")
+            raise ValueError(
+                f"train_loop: `test_every` must be >= 1 epochs, got {test_every}."
+            )
         return [Gated(When(NESTED, every=test_every), loops)]
     if callable(test_every):
         return [Gated(When(NESTED, schedule=test_every), loops)]
