@@ -107,8 +107,9 @@ def test_by_hand_consumed_records_the_loops_elapsed_as_is(tmp_path):
     )
     ckpt(elapsed, state, consumed=True, history=history)
     assert ckpt.latest_step() == 3
-    for step_elapsed, batch in ciclo.elapse([1, 2], initial=elapsed):
-        state = train_step(state, batch)[1]
+    pairs = list(ciclo.elapse([1, 2], initial=elapsed))
+    step_elapsed, batch = pairs[-1]
+    state = train_step(state, batch)[1]
     ckpt(step_elapsed, state, batch=[1])  # elapse's before-the-batch count: +1
     assert ckpt.latest_step() == 5
     with pytest.raises(ValueError, match="drop `batch=`"):
