@@ -37,6 +37,8 @@ from ciclo._schedules import piecewise as piecewise
 from ciclo._loop import LoopState as LoopState
 from ciclo._loop import loop as loop
 from ciclo._fused import fuse as fuse
+from ciclo._loops.named import NamedSchedule as NamedSchedule
+from ciclo._loops.named import on_epoch_begin as on_epoch_begin
 from ciclo._loops.named import on_epoch_end as on_epoch_end
 from ciclo._loops.named import on_predict_batch_begin as on_predict_batch_begin
 from ciclo._loops.named import on_predict_batch_end as on_predict_batch_end
@@ -54,6 +56,7 @@ from ciclo._loops.named import on_train_batch_end as on_train_batch_end
 from ciclo._loops.named import on_train_begin as on_train_begin
 from ciclo._loops.named import on_train_end as on_train_end
 from ciclo._loops.named import on_train_step as on_train_step
+from ciclo._loops.iterate import iterate as iterate
 from ciclo._loops.predefined import predict_loop as predict_loop
 from ciclo._loops.predefined import test_loop as test_loop
 from ciclo._loops.predefined import train_loop as train_loop
@@ -112,6 +115,7 @@ __all__ = [
     "History",
     "Logs",
     "LoopState",
+    "NamedSchedule",
     "Period",
     "Schedule",
     "Steps",
@@ -131,6 +135,7 @@ __all__ = [
     "history",
     "inject",
     "inner_loop",
+    "iterate",
     "jsonl_logger",
     "keras_bar",
     "logs",
@@ -140,6 +145,7 @@ __all__ = [
     "nan_guard",
     "never",
     "noop",
+    "on_epoch_begin",
     "on_epoch_end",
     "on_predict_batch_begin",
     "on_predict_batch_end",

@@ -9,7 +9,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXAMPLES = sorted((ROOT / "examples").glob("[0-9][0-9]_*.py"))
+EXAMPLES = sorted((ROOT / "examples").glob("[0-9][0-9]_*.py")) + sorted(
+    (ROOT / "examples" / "from_peers").glob("*.py")
+)
 
 
 def _env(**extra: str) -> dict:

@@ -157,3 +157,30 @@ def test_fused_equals_single_steps_on_four_devices(four_devices, name):
     assert [int(s) for s in fused["steps_seen"]] == list(range(10))
     assert fused["logits_shape"] == single["logits_shape"]
     assert fused["elapsed"] == single["elapsed"] == (10, 160)
+
+
+def test_train_loop_epochs_fuse_within_each_pass():
+    # 5 batches per pass, 3 epochs, K=4: calls of 4+1 per pass, an epoch ends
+    # after each pass (steps 5, 10, 15) and `stop` cuts the last pass exactly
+    ends, calls = [], []
+
+    def at_end(state, batch, elapsed, loop_state):
+        ends.append(loop_state.elapsed_after.steps)
+
+    def spy(state, batch):
+        calls.append(batch.n)
+
+    data = m.dataset(steps=5)
+    state, history, elapsed = ciclo.train_loop(
+        m.create("jit"), data,
+        {ciclo.on_train_step: [fused4, spy], ciclo.on_epoch_end: at_end},
+        epochs=3, stop=13,
+    )  # fmt: skip
+    assert calls == [4, 1, 4, 1, 3]
+    assert ends == [5, 10, 13]
+    assert elapsed.steps == 13 and int(state.step) == 13
+    assert history.collect("steps") == list(range(13))
+    single, _, _ = ciclo.train_loop(
+        m.create("jit"), data, {ciclo.on_train_step: m.train_step}, epochs=3, stop=13
+    )
+    assert max_diff(m.host_params(single), m.host_params(state)) < TOL

@@ -6,24 +6,112 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from typing import Any
 
-on_train_begin = "on_train_begin"
-on_train_end = "on_train_end"
-on_train_batch_begin = "on_train_batch_begin"
-on_train_step = "on_train_step"
-on_train_batch_end = "on_train_batch_end"
-on_epoch_end = "on_epoch_end"
-on_reset_step = "on_reset_step"
-on_test_begin = "on_test_begin"
-on_test_end = "on_test_end"
-on_test_batch_begin = "on_test_batch_begin"
-on_test_step = "on_test_step"
-on_test_batch_end = "on_test_batch_end"
-on_predict_begin = "on_predict_begin"
-on_predict_end = "on_predict_end"
-on_predict_batch_begin = "on_predict_batch_begin"
-on_predict_step = "on_predict_step"
-on_predict_batch_end = "on_predict_batch_end"
+
+class NamedSchedule(str):
+    """A named schedule (`ciclo.on_epoch_end`, ...): the string of its name, usable
+    as a task key of the predefined loops, that also composes with a schedule.
+
+    `named & schedule` (or `schedule & named`) runs its callbacks where the named
+    schedule runs, on the batches where `schedule(elapsed)` also fires (checked
+    only then); `named.every(n)` runs them on every n-th firing (for
+    `on_epoch_end` / `on_epoch_begin`: every n-th epoch, counted from the first
+    epoch of the run, a resumed run included). `|` and `~` have no meaning for a
+    place in the loop's order and raise a TypeError.
+
+    Example:
+        >>> import ciclo
+        >>> def log_epoch(state, batch, elapsed):
+        ...     return ciclo.logs().add_metric("at", elapsed.steps)
+        >>> tasks = {ciclo.on_epoch_end.every(2): log_epoch}
+        >>> _, history, _ = ciclo.train_loop(
+        ...     None, range(4), tasks, epochs=4)
+        >>> history.collect("steps", "at")  # 4 batches per epoch; epochs 2 and 4
+        ([7, 15], [7, 15])
+        >>> late = {ciclo.on_epoch_end & ciclo.after(10): log_epoch}
+        >>> _, history, _ = ciclo.train_loop(None, range(4), late, epochs=4)
+        >>> history.collect("at")
+        [11, 15]
+    """
+
+    def every(self, n: int) -> When:
+        """Fires on the n-th, 2n-th, ... time this named schedule fires."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(
+                f"{self}.every(n): `n` must be an int >= 1, got {n!r}; e.g. "
+                f"ciclo.on_epoch_end.every(2) for every second epoch."
+            )
+        return When(str(self), every=n)
+
+    def __and__(self, other: Any) -> When:
+        return When(str(self), schedule=_schedule(self, other))
+
+    def __rand__(self, other: Any) -> When:
+        return self & other
+
+    def __or__(self, other: Any):
+        raise TypeError(
+            f"{self!s} | {other!r:.40}: a named schedule is a place in the loop's "
+            f"order, so `|` has no meaning; give both keys in `tasks` instead, or use "
+            f"`{self!s} & schedule` to run at that place only when schedule fires."
+        )
+
+    __ror__ = __or__
+
+    def __invert__(self):
+        raise TypeError(
+            f"~{self!s}: a named schedule cannot be negated; use "
+            f"`{self!s} & ~schedule` to skip it when `schedule` fires."
+        )
+
+
+def _schedule(named: str, other: Any) -> Any:
+    if isinstance(other, str) or not callable(other):
+        raise TypeError(
+            f"{named} & {other!r:.60} ({type(other).__name__}): expected an ordinary "
+            f"schedule (a callable elapsed -> bool such as ciclo.every(100)), since a "
+            f"batch has one place per named schedule."
+        )
+    return other
+
+
+@dataclasses.dataclass(frozen=True)
+class When:
+    """A task key: `name`'s place in the loop, gated by `schedule` and/or `every`."""
+
+    name: str
+    schedule: Any = None
+    every: int | None = None
+
+    def __and__(self, other: Any) -> When:
+        from ciclo._schedules.base import And
+
+        other = _schedule(self.name, other)
+        schedule = other if self.schedule is None else And(self.schedule, other)
+        return dataclasses.replace(self, schedule=schedule)
+
+    __rand__ = __and__
+
+
+on_train_begin = NamedSchedule("on_train_begin")
+on_train_end = NamedSchedule("on_train_end")
+on_train_batch_begin = NamedSchedule("on_train_batch_begin")
+on_train_step = NamedSchedule("on_train_step")
+on_train_batch_end = NamedSchedule("on_train_batch_end")
+on_epoch_begin = NamedSchedule("on_epoch_begin")
+on_epoch_end = NamedSchedule("on_epoch_end")
+on_reset_step = NamedSchedule("on_reset_step")
+on_test_begin = NamedSchedule("on_test_begin")
+on_test_end = NamedSchedule("on_test_end")
+on_test_batch_begin = NamedSchedule("on_test_batch_begin")
+on_test_step = NamedSchedule("on_test_step")
+on_test_batch_end = NamedSchedule("on_test_batch_end")
+on_predict_begin = NamedSchedule("on_predict_begin")
+on_predict_end = NamedSchedule("on_predict_end")
+on_predict_batch_begin = NamedSchedule("on_predict_batch_begin")
+on_predict_step = NamedSchedule("on_predict_step")
+on_predict_batch_end = NamedSchedule("on_predict_batch_end")
 
 # Short names accepted wherever a named schedule is, and looked up on states and
 # callbacks for self-registration (`def train_step(self, batch)` on a state class).
@@ -35,7 +123,12 @@ ALIASES = {
 }
 
 TASKS = "<tasks>"  # the ordinary schedules of `tasks`, in the order given
-NESTED = "<test loop>"  # train_loop's test loop
+NESTED = "<test loop>"  # train_loop's test loop(s)
+EPOCH_SUM = "<epoch sums>"  # train_loop(epoch_logs=True): adds up the step's logs
+EPOCH_LOGS = "<epoch logs>"  # train_loop(epoch_logs=True): logs the epoch's means
+
+
+BUILTIN = (TASKS, NESTED, EPOCH_SUM, EPOCH_LOGS)  # filled by the loop itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,13 +136,14 @@ class Table:
     """Where each named schedule of one predefined loop runs.
 
     `start` runs once before the first batch's tasks, `end` after the last batch.
-    `batch` runs for every batch in order; `epoch` runs, in order, after the
+    `epoch_begin` runs, in order, first on the batches that begin an epoch. `batch` runs for every batch in order; `epoch` runs, in order, after the
     batch's `TASKS` on the batches that end an epoch; `batch_end` closes the batch.
     `nested` are the names handed on to the test loop (train_loop only).
     """
 
     loop: str
     start: tuple[str, ...]
+    epoch_begin: tuple[str, ...]
     batch: tuple[str, ...]
     epoch: tuple[str, ...]
     batch_end: tuple[str, ...]
@@ -60,8 +154,11 @@ class Table:
     @property
     def own(self) -> tuple[str, ...]:
         """The named schedules this loop runs itself, in the order they run."""
-        names = (*self.start, *self.batch, *self.epoch, *self.batch_end, *self.end)
-        return tuple(n for n in names if n not in (TASKS, NESTED))
+        names = (
+            *self.start, *self.epoch_begin, *self.batch, *self.epoch,
+            *self.batch_end, *self.end,
+        )  # fmt: skip
+        return tuple(n for n in names if n not in BUILTIN)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -72,6 +169,7 @@ class Table:
 TEST = Table(
     "test_loop",
     start=(on_reset_step, on_test_begin),
+    epoch_begin=(),
     batch=(on_test_batch_begin, on_test_step, TASKS),
     epoch=(),
     batch_end=(on_test_batch_end,),
@@ -81,8 +179,9 @@ TEST = Table(
 TRAIN = Table(
     "train_loop",
     start=(on_train_begin,),
-    batch=(on_train_batch_begin, on_train_step, TASKS),
-    epoch=(on_reset_step, NESTED, on_epoch_end),
+    epoch_begin=(on_epoch_begin,),
+    batch=(on_train_batch_begin, on_train_step, TASKS, EPOCH_SUM),
+    epoch=(on_reset_step, NESTED, EPOCH_LOGS, on_epoch_end),
     batch_end=(on_train_batch_end,),
     end=(on_train_end,),
     step=on_train_step,
@@ -91,6 +190,7 @@ TRAIN = Table(
 PREDICT = Table(
     "predict_loop",
     start=(on_predict_begin,),
+    epoch_begin=(),
     batch=(on_predict_batch_begin, on_predict_step, TASKS),
     epoch=(),
     batch_end=(on_predict_batch_end,),

@@ -21,57 +21,120 @@ from ciclo._callback import arity
 from ciclo._fused import _check, declared_steps, fuse
 from ciclo._history import History
 from ciclo._loop import loop
-from ciclo._loops.epoch import EpochEnd, Peekable
+from ciclo._loops.epoch import (
+    EpochEnd,
+    EpochMeans,
+    Passes,
+    passes,
+    zero_argument_factory,
+)
 from ciclo._loops.named import (
+    EPOCH_LOGS,
+    EPOCH_SUM,
     NESTED,
     PREDICT,
     TASKS,
     TEST,
     TRAIN,
     Table,
+    When,
     aliases_of,
     on_reset_step,
     on_test_step,
     on_train_step,
 )
-from ciclo._loops.register import as_list, register
+from ciclo._loops.register import Gated, as_list, register
 from ciclo._resume import position, prepare
-from ciclo._schedules.base import Schedule
+from ciclo._schedules.base import Schedule, fresh
 from ciclo._time import Elapsed, Period, as_period, short
 from ciclo.callbacks._inner_loop import TEST_AGGREGATION, inner_loop
 
 
 class _Named(Schedule):
-    """The key of a named schedule in the compiled task dict (its repr is the name)."""
+    """The key of a named schedule in the compiled task dict (its repr is the name):
+    at an epoch end (`epoch`) or begin (`begin`), and gated by a `When`."""
 
-    def __init__(self, name: str, epoch: EpochEnd | None = None):
-        self.name, self.epoch = name, epoch
-        self.reads_loop_state = epoch is not None
+    def __init__(self, name: str, epoch=None, when=None, begin=False):
+        self.name, self.epoch, self.when, self.begin = name, epoch, when, begin
+        self.gate = None if when is None else fresh(when.schedule)
+        self.gate_reads = bool(getattr(self.gate, "reads_loop_state", False))
+        self.reads_loop_state = epoch is not None or self.gate_reads
+        self.count = 0  # firings, for `every` off the epoch ends
 
     def __call__(self, elapsed_or_loop_state: Any) -> bool:
-        return True if self.epoch is None else self.epoch(elapsed_or_loop_state)
+        x = elapsed_or_loop_state
+        fires = self.epoch is None or (
+            self.epoch.begins() if self.begin else self.epoch(x)
+        )
+        if not fires:
+            return False
+        if self.when is None:
+            return True
+        if self.when.every is not None:
+            if self.epoch is not None:  # the epoch's number, a resumed run's too
+                number = self.epoch.count + self.begin
+            else:
+                number = self.count = self.count + 1
+            if number % self.when.every:
+                return False
+        if self.gate is None:
+            return True
+        if self.reads_loop_state and not self.gate_reads:
+            x = x.elapsed
+        return bool(self.gate(x))
 
     def __repr__(self) -> str:
-        return repr(self.name)
+        return repr(self.name) if self.when is None else repr(self.when)
 
 
-def _compile(table: Table, named, ordinary, epoch=None, nested=()):
-    """The table laid out as `ciclo.loop` arguments: (tasks, on_start, on_end)."""
+def _keys(name, callbacks, **where) -> list[tuple[_Named, list[Any]]]:
+    """A named schedule's callbacks as task-dict entries, in their order: the runs
+    of plain callbacks, and each `When` key's callbacks behind their gate."""
+    entries, plain = [], []
+    for callback in callbacks:
+        if isinstance(callback, Gated):
+            if plain:
+                entries.append((_Named(name, **where), plain))
+                plain = []
+            entries.append(
+                (_Named(name, when=callback.when, **where), callback.callbacks)
+            )
+        else:
+            plain.append(callback)
+    if plain:
+        entries.append((_Named(name, **where), plain))
+    return entries
+
+
+def _compile(table: Table, named, ordinary, epoch=None, builtin=None):
+    """The table laid out as `ciclo.loop` arguments: (tasks, on_start, on_end).
+    `builtin` holds the callbacks of the loop's own places (`NESTED`, ...)."""
+    callbacks = {**named, **(builtin or {})}
     tasks: dict[Any, Any] = {}
+    begins = [n for n in table.epoch_begin if callbacks[n]]
+    for name in begins:
+        tasks.update(_keys(name, callbacks[name], epoch=epoch, begin=True))
     for name in table.batch:
         if name == TASKS:
             tasks.update((k, v) for k, v in ordinary if as_list(v))
-        elif named[name]:
-            tasks[_Named(name)] = named[name]
+        else:
+            tasks.update(_keys(name, callbacks.get(name, [])))
     for name in table.epoch:
-        callbacks = list(nested) if name == NESTED else named[name]
-        if callbacks:
-            tasks[_Named(name, epoch)] = callbacks
+        tasks.update(_keys(name, callbacks.get(name, []), epoch=epoch))
+    if begins:  # the epoch end is decided on every batch
+        tasks[_Named("<epoch end>", epoch)] = []
     for name in table.batch_end:
-        if named[name]:
-            tasks[_Named(name)] = named[name]
-    on_start = [cb for name in table.start for cb in named[name]]
-    on_end = [cb for name in table.end for cb in named[name]]
+        tasks.update(_keys(name, callbacks[name]))
+    ends = [(n, cb) for n in (*table.start, *table.end) for cb in callbacks[n]]
+    for name, callback in ends:
+        if isinstance(callback, Gated):
+            raise TypeError(
+                f"{table.loop}: {callback.when!r} gates `{name}`, which runs once; "
+                f"only the per-batch named schedules (e.g. ciclo.on_epoch_end) can be "
+                f"combined with a schedule. Use `{name}` alone."
+            )
+    on_start = [cb for name in table.start for cb in callbacks[name]]
+    on_end = [cb for name in table.end for cb in callbacks[name]]
     return tasks, on_start, on_end
 
 
@@ -95,10 +158,15 @@ def train_loop(
     tasks: Mapping[Any, Any] | None = None,
     *,
     callbacks: list[Any] | None = None,
-    test_dataset: Callable[[], Iterable[Any]] | None = None,
+    test_dataset: Callable[[], Iterable[Any]]
+    | Mapping[str, Callable[[], Iterable[Any]]]
+    | None = None,
     epoch_duration: int | Period | None = None,
-    test_duration: int | Period | None = None,
+    test_duration: int | Period | Mapping[str, int | Period] | None = None,
     test_name: str = "test",
+    epochs: int | None = None,
+    test_every: int | Callable[..., bool] | None = None,
+    epoch_logs: bool = False,
     stop: int | Period | None = None,
     history: History | None = None,
     elapsed: Elapsed | None = None,
@@ -117,19 +185,37 @@ def train_loop(
     test loop). An epoch ends after the batch whose `elapsed_after` crosses a
     multiple of `epoch_duration` (in any field), reaches `stop`, or is the last of
     the data (learnt by reading one batch ahead, only when needed); without
-    `epoch_duration` the run is one epoch. Stopping works as in `ciclo.loop`.
+    `epoch_duration` an epoch is one pass over the data. Stopping works as in
+    `ciclo.loop`. With `epochs`, the data is read again for each epoch (a
+    re-iterable dataset iterated again, a zero-argument factory called again) and
+    the loop ends after that many epochs (or at `stop`, if earlier).
 
     Args:
         state: the initial state; its class's named methods register themselves.
-        dataset: any iterable of training batches, or a factory
-            `dataset(start_step)` returning one (see `ciclo.loop`).
+        dataset: any iterable of training batches, a zero-argument factory
+            returning one (called once per epoch), or a factory
+            `dataset(start_step)` (see `ciclo.loop`).
         tasks: `{named_or_ordinary_schedule: callback_or_list}`.
         callbacks: objects registering their `on_train_*`, `on_epoch_end` and
             `on_reset_step` attributes (keras_bar, checkpoint, early_stopping, ...).
-        test_dataset: a zero-argument callable returning a fresh test iterable.
+        test_dataset: a zero-argument callable returning a fresh test iterable,
+            or a dict `name -> callable` (one test loop each, entries suffixed
+            `_{name}`, run in the dict's order).
         epoch_duration, test_duration: int steps or a `Period`; `test_duration`
-            bounds each test loop (default: until the test data is exhausted).
+            bounds each test loop (default: until the test data is exhausted); a
+            dict `name -> duration` with a dict `test_dataset`. `epoch_duration`
+            defaults to one pass over `dataset`.
         test_name: suffix of the test entries (`"accuracy_test"`).
+        epochs: how many epochs to train (passes over `dataset`, or epochs of
+            `epoch_duration`); needs a re-iterable `dataset` or a zero-argument
+            factory unless `epoch_duration` is given.
+        test_every: run the test loop(s) every n-th epoch (an int), or at the
+            epoch ends where this schedule fires (e.g. `ciclo.after(1000)`).
+            The reset steps still run at every epoch end.
+        epoch_logs: at each epoch end, also log the epoch's means of the train
+            batches' losses and metrics (weighted by batch size, summed on the
+            device) as `{name}_epoch`, e.g. `loss_epoch`; before `on_epoch_end`,
+            so a checkpoint or early stopping can monitor them.
         inner_loop_kwargs: for the test `ciclo.inner_loop`, e.g. its aggregation.
         stop, history, elapsed, catch_keyboard_interrupt, metadata, batch_size_fn:
             as in `ciclo.loop` (the test loop shares `metadata`/`batch_size_fn`).
@@ -140,9 +226,10 @@ def train_loop(
 
     Raises:
         ValueError: for an unknown named schedule, `test_dataset` with nothing on
-            `on_test_step`, or a bad `epoch_duration`.
+            `on_test_step`, a bad `epoch_duration`, `epochs` or `test_every`.
         TypeError: for a `test_dataset` that is not a zero-argument callable, a bad
-            `stop`, or a callback that cannot register itself.
+            `stop`, a callback that cannot register itself, or `epochs` with
+            a dataset that can be read only once (a generator).
 
     Example:
         >>> import ciclo
@@ -155,6 +242,13 @@ def train_loop(
         ...     Counter(0), [1] * 6, test_dataset=lambda: [0], epoch_duration=3)
         >>> int(state), history.collect("steps", "seen_test")
         (6, ([2, 5], [3.0, 6.0]))
+
+        Three passes over a list, testing every second epoch:
+
+        >>> state, history, _ = ciclo.train_loop(
+        ...     Counter(0), [1, 1], test_dataset=lambda: [0], epochs=3, test_every=2)
+        >>> int(state), history.collect("steps", "seen_test")
+        (6, ([3], [4.0]))
     """
     if resume is not None:  # the checkpoint imports orbax: only when asked for
         callbacks = _resuming(as_list(callbacks), resume)
@@ -162,39 +256,62 @@ def train_loop(
     state, history, elapsed, skip = prepare(
         [*(tasks or {}).values(), *as_list(callbacks)], state, history, elapsed
     )
-    dataset = position(dataset, elapsed, skip, "train_loop")
-    if test_duration is not None:
+    if epochs is not None and (
+        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
+    ):
+        raise ValueError(
+            f"train_loop: `epochs` must be an int >= 1 (passes over `dataset`, or "
+            f"epochs of `epoch_duration`), got {epochs!r}."
+        )
+    if test_duration is not None and not isinstance(test_duration, Mapping):
         as_period(test_duration, "test_duration")
+    data = None
+    if epochs is not None or zero_argument_factory(dataset):
+        # how many passes: one without `epochs`; no bound when epochs are durations
+        repeat = 1 if epochs is None else epochs if epoch_duration is None else None
+        data = passes(dataset, repeat, "train_loop")
+    if data is None:
+        dataset = position(dataset, elapsed, skip, "train_loop")
+        data = Passes.once(_iterate(dataset, "`dataset` is"))
+    else:
+        data.skip(skip)
     start = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
     stop_at = None if stop is None else as_period(stop, "stop")
-    data = _iterate(dataset, "`dataset` is")
+    if epochs is not None and epoch_duration is not None:
+        stop_at = _earliest(
+            stop_at, as_period(epoch_duration, "epoch_duration"), epochs
+        )
     if steps_per_call is None:
         train_callbacks = [*named[on_train_step], *(v for _, v in ordinary)]
         steps_per_call = declared_steps(train_callbacks, state) or 1
     if _check(steps_per_call, "train_loop") > 1:
-        limit = None
-        if stop_at is not None and stop_at.steps is not None:
-            limit = max(stop_at.steps - start.steps, 0)
-        data = fuse(data, steps_per_call, batch_size_fn, limit)
-    data = Peekable(data)
-    epoch = EpochEnd(epoch_duration, stop_at, start, data.exhausted)
-    nested = []
+        _fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
+    finite = epochs is None or epoch_duration is None  # the data can end an epoch
+    epoch = EpochEnd(
+        epoch_duration, stop_at, start, data.exhausted if finite else None,
+        count_from=data.completed,
+    )  # fmt: skip
+    builtin: dict[str, list[Any]] = {}
     if test_dataset is not None:
-        kwargs = dict(metadata=metadata, batch_size_fn=batch_size_fn)
-        run_test = _evaluation(named, test_dataset, test_duration, kwargs)
-        if not isinstance(inner_loop_kwargs, Mapping | None):
-            raise TypeError(
-                f"train_loop: `inner_loop_kwargs` must be a dict such as "
-                f"{{'aggregation': 'mean'}}, got {type(inner_loop_kwargs).__name__}."
-            )
-        kwargs = dict(inner_loop_kwargs or {})
-        aggregation = kwargs.get("aggregation", {})
-        if isinstance(aggregation, Mapping):  # covers what the user's dict does not
-            kwargs["aggregation"] = {**TEST_AGGREGATION, **aggregation}
-        nested.append(inner_loop(test_name, run_test, **kwargs))
-    tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, nested)
+        builtin[NESTED] = _test_loops(
+            named, test_dataset, test_duration, test_name, test_every,
+            inner_loop_kwargs, dict(metadata=metadata, batch_size_fn=batch_size_fn),
+        )  # fmt: skip
+    elif test_every is not None:
+        raise ValueError(
+            "train_loop: `test_every` was given without `test_dataset`; pass "
+            "test_dataset=lambda: make_test_batches() too, or drop `test_every`."
+        )
+    if not isinstance(epoch_logs, bool):
+        raise TypeError(
+            f"train_loop: `epoch_logs` must be True or False, got {epoch_logs!r}."
+        )
+    if epoch_logs:
+        means = EpochMeans()
+        builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [means.add], [means.means]
+    tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, builtin)
     result = loop(
-        state, data, tasks, stop=stop, on_start=on_start, on_end=on_end,
+        state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
         history=history, elapsed=elapsed, metadata=metadata,
         catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
         steps_per_call=1,  # grouped above, before the epoch's look-ahead
@@ -207,6 +324,88 @@ def train_loop(
             stacklevel=2,
         )
     return result
+
+
+def _fuse_passes(
+    data: Passes, k: int, batch_size_fn: Any, stop_at: Period | None, start: Elapsed
+) -> None:
+    """Groups each pass's batches into `Steps` of `k`, reading no batch past `stop`'s
+    step count (a group never spans two passes: epochs end where they did)."""
+    left = None
+    if stop_at is not None and stop_at.steps is not None:
+        left = [max(stop_at.steps - start.steps, 0)]
+
+    def each_pass(batches: Iterator[Any]) -> Iterator[Any]:
+        for steps in fuse(batches, k, batch_size_fn, None if left is None else left[0]):
+            if left is not None:
+                left[0] -= steps.n
+            yield steps
+
+    data.transform(each_pass)
+
+
+def _earliest(stop: Period | None, duration: Period, epochs: int) -> Period:
+    """`stop`, or the end of epoch `epochs` of `duration`, whichever comes first."""
+    fields = {f: n * epochs for f, n in duration.fields().items()}
+    for f, n in ({} if stop is None else stop.fields()).items():
+        fields[f] = min(n, fields.get(f, n))
+    return Period.create(**fields)
+
+
+def _test_loops(
+    named, test_dataset, test_duration, test_name, test_every, kwargs, loop_kwargs
+):
+    """The test loops' `inner_loop`s of the epoch end, behind `test_every`."""
+    if isinstance(test_dataset, Mapping):
+        datasets = dict(test_dataset)
+        if not isinstance(test_duration, Mapping | None):
+            test_duration = {name: test_duration for name in datasets}
+        unknown = set(test_duration or {}) - set(datasets)
+        if unknown:
+            raise ValueError(
+                f"train_loop: `test_duration` names {sorted(unknown)}, which are not "
+                f"in `test_dataset` ({sorted(datasets)}); use the same names."
+            )
+        durations = test_duration or {}
+    else:
+        if isinstance(test_duration, Mapping):
+            raise TypeError(
+                f"train_loop: `test_duration` is a dict ({sorted(test_duration)}) but "
+                f"`test_dataset` is not; pass test_dataset={{name: factory}} too, or "
+                f"one int / Period as `test_duration`."
+            )
+        datasets, durations = {test_name: test_dataset}, {test_name: test_duration}
+    if not isinstance(kwargs, Mapping | None):
+        raise TypeError(
+            f"train_loop: `inner_loop_kwargs` must be a dict such as "
+            f"{{'aggregation': 'mean'}}, got {type(kwargs).__name__}."
+        )
+    kwargs = dict(kwargs or {})
+    aggregation = kwargs.get("aggregation", {})
+    if isinstance(aggregation, Mapping):  # covers what the user's dict does not
+        kwargs["aggregation"] = {**TEST_AGGREGATION, **aggregation}
+    loops = []
+    for name, factory in datasets.items():
+        duration = durations.get(name)
+        if duration is not None:
+            as_period(duration, f"test_duration[{name!r}]")
+        run_test = _evaluation(named, factory, duration, loop_kwargs)
+        loops.append(inner_loop(name, run_test, **kwargs))
+    if test_every is None:
+        return loops
+    if isinstance(test_every, int) and not isinstance(test_every, bool):
+        if test_every < 1:
+            raise ValueError(
+                f"train_loop: `test_every` must be >= 1 epochs, got {test_every}."
+            )
+        return [Gated(When(NESTED, every=test_every), loops)]
+    if callable(test_every):
+        return [Gated(When(NESTED, schedule=test_every), loops)]
+    raise TypeError(
+        f"train_loop: `test_every` must be an int (every n epochs) or a schedule "
+        f"evaluated at the epoch ends (e.g. ciclo.after(1000)), got {test_every!r} "
+        f"({type(test_every).__name__})."
+    )
 
 
 def _resuming(callbacks: list[Any], directory: Any) -> list[Any]:

@@ -6,8 +6,16 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ciclo._loops.named import Table, aliases_of, resolve
+from ciclo._loops.named import Table, When, aliases_of, resolve
 from ciclo._time import short
+
+
+class Gated:
+    """Callbacks of a `When` task key, kept in their place among a named schedule's
+    callbacks; compiled to their own task key gated by the `When`."""
+
+    def __init__(self, when: When, callbacks: list[Any]):
+        self.when, self.callbacks = when, callbacks
 
 
 def as_list(value: Any) -> list[Any]:
@@ -35,6 +43,8 @@ def register(table: Table, state: Any, tasks: Any, callbacks: Any):
     for key, value in (tasks or {}).items():
         if isinstance(key, str):
             named[resolve(table, key)].extend(as_list(value))
+        elif isinstance(key, When):
+            named[resolve(table, key.name)].append(Gated(key, as_list(value)))
         else:
             ordinary.append((key, value))
     for i, callback in enumerate(as_list(callbacks)):

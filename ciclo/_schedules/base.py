@@ -36,6 +36,8 @@ class Schedule:
         return self
 
     def __and__(self, other: ScheduleLike) -> Schedule:
+        if isinstance(other, str):  # a named schedule: its __rand__ composes
+            return NotImplemented
         return And(self, _check(other, "&"))
 
     def __rand__(self, other: ScheduleLike) -> Schedule:

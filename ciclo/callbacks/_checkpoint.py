@@ -22,6 +22,7 @@ strategy or device count restores under any other.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import sys
 import threading
@@ -163,9 +164,22 @@ class checkpoint:
             factory `dataset(start_step)` is called with it, a plain iterable is
             advanced past the consumed batches (with a warning). With no complete
             checkpoint there (none, or only one killed mid-write), start fresh.
+        items: save only these fields of the state (attribute names of a
+            dataclass / Flax struct such as `"params"`, or keys of a dict), e.g.
+            `items=["params", "batch_stats"]` to leave the optimizer state out.
+            Restoring such a checkpoint needs a target state: the saved fields are
+            put into it and the others are the target's (a resumed run keeps a
+            fresh optimizer state).
+
+    Monitored checkpoints are ranked only by a fresh value: in a loop, one logged
+    in this step (for an epoch end, this epoch's test loop); a checkpoint taken
+    when the monitored entry was not logged this step (e.g. the test loop ran only
+    every n epochs) is saved and kept as the latest, but not ranked. An entry
+    never logged in the whole loop is an error when the loop ends.
 
     Raises:
-        TypeError: if `directory` is not a path or `keep` not an int.
+        TypeError: if `directory` is not a path, `keep` not an int, or `items`
+            not a name or a list of names.
         ValueError: if `keep < 1` or `mode` is not "min"/"max"; at a save, if the
             monitored metric was not logged (the message lists what was).
 
@@ -209,7 +223,9 @@ class checkpoint:
         keep: int = 1,
         async_save: bool = True,
         resume: bool = False,
+        items: str | list[str] | tuple[str, ...] | None = None,
     ):
+        self.items = _orbax.as_items(items)
         if isinstance(keep, bool) or not isinstance(keep, int):
             raise TypeError(f"`keep` must be an int, got {keep!r}.")
         if keep < 1:
@@ -235,6 +251,7 @@ class checkpoint:
         self._resume_pending = resume  # resumes once, before the first loop
         self._manager: ocp.CheckpointManager | None = None
         self._saved: set[int] = set()
+        self._unranked = self._fresh = False  # this loop's saves, with monitor
 
     # -- registration -----------------------------------------------------------
     @property
@@ -251,19 +268,52 @@ class checkpoint:
         *,
         batch: Any = None,
         history: History | None = None,
+        consumed: bool = False,
     ) -> None:
         """Saves `state` by hand, after training it on the batch `elapsed` came with.
 
+        The checkpoint records the batches trained into `state`. By default
+        `elapsed` is the one `ciclo.elapse` gave with the batch just trained on
+        (counted before it), so the checkpoint records `elapsed.steps + 1`. An
+        `elapsed` that already counts every consumed batch — the one a loop
+        returned, `loop_state.elapsed_after`, or a restored one — is passed with
+        `consumed=True` and recorded as it is.
+
         Args:
             elapsed: the `Elapsed` from `ciclo.elapse` for that batch; the checkpoint
-                records `elapsed.steps + 1` (and with `batch`, its samples too).
+                records `elapsed.steps + 1` (and with `batch`, its samples too);
+                with `consumed=True`, the `Elapsed` after the batches (recorded
+                as is).
             state: the state to save.
             logs: the step's logs; required with `monitor`.
             batch: the batch, to count its samples.
             history: the run's `History`, saved beside the state (with `logs` as
                 the step's row when they are not committed yet) so that a resumed
                 run continues it.
+            consumed: whether `elapsed` already counts the batch `state` was
+                trained on (see above).
+
+        Raises:
+            ValueError: with `monitor` and no `logs`, or `batch` with
+                `consumed=True` (the batch is counted already).
+
+        Example:
+            >>> import tempfile, ciclo
+            >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), async_save=False)
+            >>> state, _, elapsed = ciclo.loop(0, [1, 2], {ciclo.every(1): ciclo.noop})
+            >>> ckpt(elapsed, {"w": 1.0}, consumed=True)  # a loop's elapsed: 2 steps
+            >>> ckpt.latest_step()
+            2
         """
+        if not isinstance(consumed, bool):
+            raise TypeError(
+                f"checkpoint: `consumed` must be True or False, got {consumed!r}."
+            )
+        if consumed and batch is not None:
+            raise ValueError(
+                "checkpoint(..., consumed=True, batch=...): with consumed=True "
+                "`elapsed` already counts the batch's samples; drop `batch=`."
+            )
         size = 0 if batch is None else batch_size(batch)
         value = None
         if self.monitor is not None:
@@ -277,16 +327,22 @@ class checkpoint:
         if history is not None:
             steps = history.collect("elapsed.steps")  # committed already?
             uncommitted = logs and not (steps and steps[-1] == elapsed.steps)
+            if consumed:  # the step's row is committed before a loop returns
+                uncommitted = False
             rows = _orbax.history_json(
                 history, (elapsed, logs) if uncommitted else None
             )
-        self._save(elapsed.update(size), state, value, rows)
+        self._save(elapsed if consumed else elapsed.update(size), state, value, rows)
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
         elapsed = loop_state.elapsed_after
         value = None
-        if self.monitor is not None:
-            value = self.monitor.read_loop_state(loop_state)
+        if self.monitor is not None:  # ranked only by a value logged this step
+            if _orbax.logged(loop_state.logs, self.monitor.name):
+                value = self.monitor.read(loop_state.logs)
+                self._fresh = True
+            else:  # saved unranked; checked at the loop's end that it was logged
+                self._unranked = True
         # the history so far, this step's logs included (committed after the batch)
         rows = _orbax.history_json(
             loop_state.history, (loop_state.elapsed, loop_state.logs)
@@ -314,8 +370,13 @@ class checkpoint:
         return state, history, elapsed
 
     def __loop_end__(self, loop_state: Any) -> None:
-        """Waits for the background saves (called once when the loop ends)."""
+        """Waits for the background saves (called once when the loop ends); with
+        `monitor`, raises if the monitored entry was never logged in the loop."""
         self.close()
+        unranked, fresh = self._unranked, self._fresh
+        self._unranked = self._fresh = False
+        if unranked and not fresh and self.monitor is not None:
+            self.monitor.find(loop_state.accumulated_logs)  # names what was logged
 
     def _save(
         self,
@@ -351,18 +412,21 @@ class checkpoint:
             for s in stale:
                 manager.delete(s)
         metrics = None
-        if self.monitor is not None:
+        if self.monitor is not None and value is not None:
             metrics = {
                 "score": self.monitor.score(value),
                 "value": value,
                 "monitor": self.monitor.name,
                 "mode": self.monitor.mode,
             }
-        state = _orbax.host_layout(state)
+        state = _orbax.select(_orbax.host_layout(state), self.items)
         wrapped = _orbax.is_leaf(state)
+        saved = _orbax.elapsed_json(elapsed, wrapped)
+        if self.items is not None:
+            saved["items"] = list(self.items)
         items = {
             "state": ocp.args.StandardSave([state] if wrapped else state),
-            "elapsed": ocp.args.JsonSave(_orbax.elapsed_json(elapsed, wrapped)),
+            "elapsed": ocp.args.JsonSave(saved),
         }
         if history is not None:
             items["history"] = ocp.args.JsonSave(history)
@@ -431,7 +495,8 @@ class checkpoint:
         if self.monitor is None or not steps:
             return steps[-1] if steps else None
         manager = self._open()
-        return max(steps, key=lambda s: (_orbax.score(manager.metrics(s)), s))
+        scored = [s for s in steps if _orbax.score(manager.metrics(s)) > -math.inf]
+        return max(scored or steps, key=lambda s: (_orbax.score(manager.metrics(s)), s))
 
     def restore(
         self, target_state: Any = None, *, best: bool = False, step: int | None = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import array
 import base64
+import dataclasses
 import math
 import os
 import warnings
@@ -123,6 +124,70 @@ def elapsed_json(elapsed: Elapsed, wrapped: bool) -> dict[str, Any]:
     }
 
 
+def as_items(items: Any) -> tuple[str, ...] | None:
+    """`checkpoint(items=...)` as a tuple of field names (None: the whole state)."""
+    if items is None:
+        return None
+    names = (items,) if isinstance(items, str) else items
+    if (
+        not isinstance(names, list | tuple)
+        or not names
+        or not all(isinstance(n, str) for n in names)
+    ):
+        raise TypeError(
+            f"checkpoint: `items` must be a field name or a list of them (attributes "
+            f"of the state, or keys of a dict state), e.g. items=['params']; got "
+            f"{items!r:.80} ({type(items).__name__})."
+        )
+    return tuple(names)
+
+
+def select(state: Any, items: tuple[str, ...] | None) -> Any:
+    """The fields `items` of `state` as a dict (the whole state for None)."""
+    if items is None:
+        return state
+    missing = [n for n in items if not _has(state, n)]
+    if missing:
+        raise ValueError(
+            f"checkpoint(items={list(items)}): the state "
+            f"({type(state).__name__}) has no field {missing}; use attribute names "
+            f"of the state (e.g. 'params') or keys of a dict state."
+        )
+    return {
+        n: state[n] if isinstance(state, Mapping) else getattr(state, n) for n in items
+    }
+
+
+def _has(state: Any, name: str) -> bool:
+    return name in state if isinstance(state, Mapping) else hasattr(state, name)
+
+
+def put(target: Any, fields: Mapping[str, Any]) -> Any:
+    """`target` with `fields` replaced (a dict, a Flax struct / dataclass, or any
+    object with `replace(**fields)`)."""
+    if isinstance(target, Mapping):
+        return type(target)({**target, **fields})
+    if hasattr(target, "replace"):
+        return target.replace(**fields)
+    if dataclasses.is_dataclass(target):
+        return dataclasses.replace(target, **fields)
+    raise TypeError(
+        f"ciclo.restore: cannot put the saved items {sorted(fields)} into a "
+        f"{type(target).__name__}; the target must be a dict, a dataclass or have "
+        f"`replace(**fields)` (as Flax TrainState)."
+    )
+
+
+def logged(logs: Any, name: str) -> bool:
+    """Whether the entry `name` (bare or `collection.name`) is in `logs`."""
+    if not logs:
+        return False
+    pairs = [(c, n) for c, values in logs.items() for n in values]
+    from ciclo._logs import locate
+
+    return locate(pairs, name, "the monitored logs") is not None
+
+
 def restore_from(
     mngr: ocp.CheckpointManager,
     target_state: Any,
@@ -159,15 +224,21 @@ def restore_from(
     items = mngr.restore(step, args=ocp.args.Composite(elapsed=ocp.args.JsonRestore()))
     e = items["elapsed"]
     wrapped = bool(e.get("wrapped", False))
+    saved_items = None if e.get("items") is None else tuple(e["items"])
     strategy = strategy_of(target_state)
+    host = None
     if target_state is None:
         state_args = ocp.args.StandardRestore()
     else:
         host = target_state if strategy is None else strategy.to_host(target_state)
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, host)
+        abstract = jax.tree.map(
+            ocp.utils.to_shape_dtype_struct, select(host, saved_items)
+        )
         state_args = ocp.args.StandardRestore([abstract] if wrapped else abstract)
     state = mngr.restore(step, args=ocp.args.Composite(state=state_args))["state"]
     state = state[0] if wrapped else state
+    if saved_items is not None and host is not None:  # the rest is the target's
+        state = put(host, state)
     if strategy is not None:
         state = strategy.place_state(state)
     elapsed = Elapsed(int(e["steps"]), int(e["samples"]), e["date"], e["date_start"])
