@@ -53,6 +53,21 @@ class _Column:
             value = bool(value)  # a singleton: 8 bytes in the list
         values.append(value)
 
+    def extend(self, values: np.ndarray | list[Any]) -> None:
+        """Appends fetched values: a 1-d numpy array of scalars in bulk, else each."""
+        if isinstance(values, np.ndarray) and isinstance(self.values, array.array):
+            kind = values.dtype.kind
+            if kind in "iu" and self.values.typecode == "q":
+                self.values.extend(values.astype(np.int64).tolist())
+                return
+            if kind == "f" and values.dtype.itemsize >= 4:
+                if self.values.typecode == "q":
+                    self.values = array.array("d", self.values)
+                self.values.extend(values.astype(np.float64).tolist())
+                return
+        for value in values:
+            self.append(value)
+
 
 class _Row:
     """Row `index` of a value stacked over the steps of a fused call (`Steps.rows`);
@@ -267,15 +282,17 @@ class History:
             pending = column.pending
             if not pending:
                 continue
-            start = len(column.rows) - len(pending)
-            for i, value in enumerate(pending):
-                row = column.rows[start + i]
-                if row >= first:
+            rows = column.rows
+            for i, value in enumerate(pending, len(rows) - len(pending)):
+                if rows[i] >= first:
                     break
-                if isinstance(value, _Row):
-                    value = value.stacked
-                if isinstance(value, jax.Array) and not value.is_ready():
-                    first = row
+                if type(value) is not _ArrayImpl:  # the common case, checked first
+                    if type(value) is _Row:
+                        value = value.stacked
+                    if not isinstance(value, jax.Array):
+                        continue
+                if not value.is_ready():
+                    first = rows[i]
                     break
         return first
 
@@ -300,13 +317,10 @@ class History:
                 taken.append((column, n))
         if taken:
             # fetched before anything changes: Ctrl-C in the transfer loses nothing
-            values = _to_host([v for c, n in taken for v in c.pending[:n]])
-            i = 0
-            for column, n in taken:
-                for value in values[i : i + n]:
-                    column.append(value)
+            fetched = _fetch([c.pending[:n] for c, n in taken])
+            for (column, n), values in zip(taken, fetched):
+                column.extend(values)
                 column.pending = column.pending[n:]
-                i += n
         self._fetched = upto
         if standalone:
             self._writing = False
@@ -560,6 +574,39 @@ def _plot_groups(
         if series:
             groups.append((name, series))
     return groups
+
+
+_ArrayImpl = type(jnp.zeros(()))
+
+
+def _fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
+    """Each group of values (a column's) on the host, in one transfer per dtype for
+    groups of device scalars of one type (a numpy array each), else `_to_host`."""
+    out: list[Any] = [None] * len(groups)
+    by_key: dict[Any, list[int]] = {}
+    for g, values in enumerate(groups):
+        first = values[0]
+        if type(first) is _ArrayImpl:
+            aval = first.aval
+            if (
+                aval.shape == ()
+                and aval.dtype.kind in "iuf"  # not a key, not a bool
+                and all(type(v) is _ArrayImpl and v.aval == aval for v in values)
+            ):
+                by_key.setdefault((aval, first.sharding), []).append(g)
+                continue
+        out[g] = _to_host(values)
+    for index in by_key.values():
+        flat = [v for g in index for v in groups[g]]
+        size = 1 << (len(flat) - 1).bit_length()  # few shapes, few compiles
+        host = np.asarray(
+            jax.device_get(_stack(*flat, *[flat[0]] * (size - len(flat))))
+        )
+        start = 0
+        for g in index:
+            out[g] = host[start : start + len(groups[g])]
+            start += len(groups[g])
+    return out
 
 
 def _to_host(values: list[Any]) -> list[Any]:

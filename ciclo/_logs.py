@@ -136,22 +136,29 @@ class Logs(dict):
         """
         if other is None:
             return self
-        checked = type(other) is Logs and all(
-            type(e) is Entries for e in other.values()
-        )  # the hot path: a Logs built with add_* needs no checks
-        if not checked:
-            if not isinstance(other, Mapping):
-                raise TypeError(
-                    f"Can only merge a Logs or a dict of collections, got "
-                    f"{type(other).__name__}."
-                )
+        if type(other) is Logs:  # the hot path: a Logs built with add_*
             for collection, entries in other.items():
-                if not isinstance(entries, Mapping):
-                    raise TypeError(
-                        f"Collection {collection!r} must map entry names to values, "
-                        f"got {type(entries).__name__}: {short(entries, 80)}. Use "
-                        f"logs.add_entry({collection!r}, name, value)."
-                    )
+                if type(entries) is not Entries:
+                    break
+                target = self.get(collection)
+                if target is None:
+                    self[collection] = Entries(entries)
+                else:
+                    target.update(entries)
+            else:
+                return self
+        if not isinstance(other, Mapping):
+            raise TypeError(
+                f"Can only merge a Logs or a dict of collections, got "
+                f"{type(other).__name__}."
+            )
+        for collection, entries in other.items():
+            if not isinstance(entries, Mapping):
+                raise TypeError(
+                    f"Collection {collection!r} must map entry names to values, "
+                    f"got {type(entries).__name__}: {short(entries, 80)}. Use "
+                    f"logs.add_entry({collection!r}, name, value)."
+                )
         for collection, entries in other.items():
             target = self.get(collection)
             if target is None:

@@ -62,6 +62,7 @@ class LoopState:
     """
 
     __slots__ = (
+        "_borrowed",
         "_committed",
         "batch",
         "elapsed",
@@ -79,6 +80,7 @@ class LoopState:
         self.elapsed, self.elapsed_after = elapsed, elapsed_after
         self.history, self.logs, self.metadata = history, logs, metadata
         self._committed = Logs()
+        self._borrowed = None  # a callback's Logs taken as the batch's logs
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
 
@@ -149,8 +151,18 @@ class _Apply:
         callback = self.callback
         logs, state = split_output(output, callback)
         if logs:
+            target = ls.logs
+            if not target and type(logs) is Logs:
+                # the batch's first logs are taken as they are, copied only if
+                # another callback's logs are merged in (the callback's object
+                # is never changed)
+                ls.logs = ls._borrowed = logs
+                logs = None
+            elif target is ls._borrowed:
+                target = ls.logs = Logs(target)
+        if logs:
             try:
-                ls.logs.merge(logs)
+                target.merge(logs)
             except TypeError as error:
                 raise TypeError(
                     f"Callback {describe(callback)} returned logs that are not a "

@@ -399,6 +399,17 @@ def batch_size(
     if batch_size_fn is not None:
         return int(batch_size_fn(batch_shapes(batch)))
     size = 0
+    kind = type(batch)
+    if kind is tuple or kind is list or kind is dict:  # (x, y), {"x": x}: no flatten
+        for leaf in batch.values() if kind is dict else batch:
+            shape = getattr(leaf, "shape", None)
+            if shape is None:  # nested: the general path below
+                size = 0
+                break
+            if shape and shape[0] > size:
+                size = shape[0]
+        else:
+            return int(size) if size else 1
     for leaf in _leaves(batch):
         shape = getattr(leaf, "shape", None)
         if shape and shape[0] > size:

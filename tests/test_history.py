@@ -82,13 +82,13 @@ def test_getitem_and_iter_rebuild_logs():
 
 def test_device_values_are_fetched_lagged_in_batches(monkeypatch):
     calls = []
-    real = history_module._to_host
+    real = history_module._fetch
 
-    def counting(x):
-        calls.append(len(x))
-        return real(x)
+    def counting(groups):  # one call per transfer, one group per column
+        calls.append(sum(len(g) for g in groups))
+        return real(groups)
 
-    monkeypatch.setattr(history_module, "_to_host", counting)
+    monkeypatch.setattr(history_module, "_fetch", counting)
     history = ciclo.history(lag=10)
     _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(45)])
     # every 10 commits the computed (here: all) pending rows come in one fetch
@@ -104,9 +104,11 @@ def _slow(x):
 
 def test_values_not_yet_computed_are_not_waited_for(monkeypatch):
     calls = []
-    real = history_module._to_host
+    real = history_module._fetch
     monkeypatch.setattr(
-        history_module, "_to_host", lambda x: calls.append(len(x)) or real(x)
+        history_module,
+        "_fetch",
+        lambda groups: calls.append(sum(map(len, groups))) or real(groups),
     )
     _slow(jnp.ones((256, 256))).block_until_ready()  # compile
     history = ciclo.history(lag=5)
@@ -163,3 +165,34 @@ def test_slices_and_plain_dict_commits():
     with pytest.raises(TypeError, match="Collection 'metrics'"):
         history.commit(ciclo.Elapsed.create(), {"metrics": 1.0})
     assert len(history) == 4
+
+
+def test_device_scalars_of_every_dtype_come_back_as_python_values():
+    history = ciclo.history(lag=3)
+    _commit_steps(
+        history,
+        [
+            _logs(
+                metrics={
+                    "f32": jnp.float32(i / 4),
+                    "bf16": jnp.bfloat16(i),
+                    "i32": jnp.int32(-i),
+                    "u8": jnp.uint8(i),
+                    "flag": jnp.bool_(i % 2),
+                    # a column whose type changes: int for a while, then float
+                    "mixed": jnp.int32(i) if i < 4 else jnp.float32(i + 0.5),
+                }
+            )
+            for i in range(7)
+        ],
+    )
+    f32, bf16, i32, u8, flag, mixed = history.collect(
+        "f32", "bf16", "i32", "u8", "flag", "mixed"
+    )
+    assert f32 == [i / 4 for i in range(7)] and all(type(v) is float for v in f32)
+    assert bf16 == [float(i) for i in range(7)] and all(type(v) is float for v in bf16)
+    assert i32 == [-i for i in range(7)] and all(type(v) is int for v in i32)
+    assert u8 == list(range(7)) and all(type(v) is int for v in u8)
+    assert flag == [bool(i % 2) for i in range(7)]
+    assert all(isinstance(v, bool | np.bool_) for v in flag)
+    assert mixed == [0, 1, 2, 3, 4.5, 5.5, 6.5]

@@ -31,6 +31,8 @@ WATCHED = {
         _history._Column.append,
         _history._scalar,
         _history._to_host,
+        _history._fetch,
+        _history._Column.extend,
         _loop._Run.batches,
         _loop._Apply.__call__,
         _loop.LoopState.accumulated_logs.fget,
@@ -154,7 +156,7 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value):
     assert {"History.commit", "History._flush", "Logs.merge", "batch_size"} <= points
     assert "Elapsed.update_time" in points
     if value is not int:
-        assert "_to_host" in points
+        assert {"_fetch", "_Column.extend"} <= points
 
 
 @pytest.mark.parametrize("value", [int, jnp.float32], ids=["python", "device"])

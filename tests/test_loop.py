@@ -372,3 +372,28 @@ def test_interrupt_after_commit_does_not_record_a_step_twice():
     _, history, elapsed = ciclo.loop(0, data(), {ALWAYS: _add})
     assert history.collect("steps") == [0, 1, 2]
     assert elapsed.steps == 3
+
+
+def test_a_callback_logs_object_is_never_changed_by_the_loop():
+    # a callback returning the same Logs object every step, and a second callback
+    # logging more: each row holds that step's entries only, and the first
+    # callback's object keeps its single entry
+    same = ciclo.logs().add_metric("constant", 1.0)
+
+    def first(state, batch):
+        return same
+
+    def second(state, batch, elapsed):
+        if elapsed.steps % 2:
+            return ciclo.logs().add_metric("odd", float(elapsed.steps))
+
+    _, history, _ = ciclo.loop(None, range(4), {ciclo.every(1): [first, second]})
+    assert dict(same) == {"metrics": {"constant": 1.0}}
+    assert history.collect("steps", "odd") == ([1, 3], [1.0, 3.0])
+    assert history.collect("constant") == [1.0] * 4
+    assert [sorted(row.metrics) for row in history] == [
+        ["constant"],
+        ["constant", "odd"],
+        ["constant"],
+        ["constant", "odd"],
+    ]
