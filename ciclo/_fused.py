@@ -36,7 +36,7 @@ def _check(steps_per_call: Any, where: str) -> int:
 def _signature(batch: Any) -> tuple[Any, tuple[Any, ...]]:
     leaves, tree = jax.tree.flatten(batch)
     return tree, tuple(
-        (np.shape(x), x.dtype if hasattr(x, "dtype") else type(x)) for x in leaves
+        (getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves
     )
 
 

@@ -55,7 +55,11 @@ class _Column:
 
     def extend(self, values: np.ndarray | list[Any]) -> None:
         """Appends fetched values: a 1-d numpy array of scalars in bulk, else each."""
-        if isinstance(values, np.ndarray) and isinstance(self.values, array.array):
+        if (
+            isinstance(values, np.ndarray)
+            and values.ndim == 1
+            and isinstance(self.values, array.array)
+        ):
             kind = values.dtype.kind
             if kind in "iu" and self.values.typecode == "q":
                 self.values.extend(values.astype(np.int64).tolist())
@@ -584,8 +588,12 @@ def _fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
     groups of device scalars of one type (a numpy array each), else `_to_host`."""
     out: list[Any] = [None] * len(groups)
     by_key: dict[Any, list[int]] = {}
+    fused: list[int] = []
     for g, values in enumerate(groups):
         first = values[0]
+        if type(first) is _Row and all(type(v) is _Row for v in values):
+            fused.append(g)
+            continue
         if type(first) is _ArrayImpl:
             aval = first.aval
             if (
@@ -606,7 +614,35 @@ def _fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
         for g in index:
             out[g] = host[start : start + len(groups[g])]
             start += len(groups[g])
+    if fused:
+        _fetch_rows([groups[g] for g in fused], fused, out)
     return out
+
+
+def _fetch_rows(groups: list[list[_Row]], where: list[int], out: list[Any]) -> None:
+    """Groups of rows of stacked arrays (a fused call's per-step values): every
+    stacked array fetched in one transfer, each group's rows sliced on the host
+    into one array (`out[where[i]]`)."""
+    runs_of = []  # per group: [(stacked, first index, count)] of consecutive rows
+    arrays: dict[int, Any] = {}
+    for values in groups:
+        runs: list[list[Any]] = []
+        for row in values:
+            last = runs[-1] if runs else None
+            if (
+                last is not None
+                and last[0] is row.stacked
+                and last[1] + last[2] == row.index
+            ):
+                last[2] += 1
+            else:
+                runs.append([row.stacked, row.index, 1])
+                arrays.setdefault(id(row.stacked), row.stacked)
+        runs_of.append(runs)
+    host = dict(zip(arrays, map(np.asarray, jax.device_get(list(arrays.values())))))
+    for g, runs in zip(where, runs_of):
+        parts = [host[id(a)][i : i + n] for a, i, n in runs]
+        out[g] = parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _to_host(values: list[Any]) -> list[Any]:
