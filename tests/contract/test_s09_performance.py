@@ -81,10 +81,6 @@ def test_train_loop_with_managed_steps_and_test_loop_does_not_sync_per_step():
     assert len(history.collect("mse_test")) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: no fused mode (test assumes Keras-style train_loop(steps_per_execution=K))",
-)
 def test_fused_mode_counts_real_steps_and_matches_unfused():
     def run(**kwargs):
         state = managed.ManagedState.create(
@@ -95,7 +91,7 @@ def test_fused_mode_counts_real_steps_and_matches_unfused():
         )
 
     ref_state, _, ref_elapsed = run()
-    state, history, elapsed = run(steps_per_execution=4)
+    state, history, elapsed = run(steps_per_call=4)  # API.md leaves the name open
     assert elapsed.steps == ref_elapsed.steps == 12
     assert elapsed.samples == ref_elapsed.samples == 12 * 4
     assert int(state.step) == 12
