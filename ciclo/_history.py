@@ -584,65 +584,74 @@ _ArrayImpl = type(jnp.zeros(()))
 
 
 def _fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
-    """Each group of values (a column's) on the host, in one transfer per dtype for
-    groups of device scalars of one type (a numpy array each), else `_to_host`."""
-    out: list[Any] = [None] * len(groups)
-    by_key: dict[Any, list[int]] = {}
-    fused: list[int] = []
-    for g, values in enumerate(groups):
-        first = values[0]
-        if type(first) is _Row and all(type(v) is _Row for v in values):
-            fused.append(g)
-            continue
-        if type(first) is _ArrayImpl:
-            aval = first.aval
+    """Each group of values (a column's pending values) on the host, with few
+    transfers: device scalars stacked on the device, one transfer per dtype;
+    each stacked array of a fused call fetched once and sliced on the host; the
+    rest through `_to_host`. A group comes back as one numpy array when its parts
+    share a dtype (appended in bulk), else as a list."""
+    scalars: dict[Any, list[Any]] = {}  # dtype -> device scalars
+    stacked: dict[int, Any] = {}  # id -> a fused call's stacked array
+    others: list[Any] = []
+    plans = []
+    for values in groups:
+        plan: list[list[Any]] = []  # [kind, source, start, count] runs
+        for v in values:
+            kind = type(v)
+            if kind is _Row:
+                source, start = v.stacked, v.index
+                stacked.setdefault(id(source), source)
+            elif kind is _ArrayImpl and v.ndim == 0 and v.dtype.kind in "iuf":
+                kind, source = "scalar", v.dtype
+                bucket = scalars.setdefault(source, [])
+                start = len(bucket)
+                bucket.append(v)
+            else:
+                kind, source, start = "other", None, len(others)
+                others.append(v)
+            last = plan[-1] if plan else None
             if (
-                aval.shape == ()
-                and aval.dtype.kind in "iuf"  # not a key, not a bool
-                and all(type(v) is _ArrayImpl and v.aval == aval for v in values)
+                last is not None
+                and last[0] is kind
+                and last[1] is source
+                and last[2] + last[3] == start
             ):
-                by_key.setdefault((aval, first.sharding), []).append(g)
-                continue
-        out[g] = _to_host(values)
-    for index in by_key.values():
-        flat = [v for g in index for v in groups[g]]
-        size = 1 << (len(flat) - 1).bit_length()  # few shapes, few compiles
-        host = np.asarray(
-            jax.device_get(_stack(*flat, *[flat[0]] * (size - len(flat))))
-        )
-        start = 0
-        for g in index:
-            out[g] = host[start : start + len(groups[g])]
-            start += len(groups[g])
-    if fused:
-        _fetch_rows([groups[g] for g in fused], fused, out)
+                last[3] += 1
+            else:
+                plan.append([kind, source, start, 1])
+        plans.append(plan)
+    host: dict[Any, Any] = {}
+    for dtype, values in scalars.items():
+        host[dtype] = _stacked_scalars(values)
+    if stacked:
+        fetched = jax.device_get(list(stacked.values()))
+        host.update(zip(stacked, map(np.asarray, fetched)))
+    others = _to_host(others) if others else others
+    out: list[Any] = []
+    for plan in plans:
+        parts = []
+        for kind, source, start, count in plan:
+            if kind == "other":
+                parts.append(others[start : start + count])
+            else:
+                key = source if kind == "scalar" else id(source)
+                parts.append(host[key][start : start + count])
+        arrays = all(isinstance(p, np.ndarray) for p in parts)
+        if arrays and len({p.dtype for p in parts}) == 1:
+            out.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        else:
+            out.append([v for p in parts for v in p])
     return out
 
 
-def _fetch_rows(groups: list[list[_Row]], where: list[int], out: list[Any]) -> None:
-    """Groups of rows of stacked arrays (a fused call's per-step values): every
-    stacked array fetched in one transfer, each group's rows sliced on the host
-    into one array (`out[where[i]]`)."""
-    runs_of = []  # per group: [(stacked, first index, count)] of consecutive rows
-    arrays: dict[int, Any] = {}
-    for values in groups:
-        runs: list[list[Any]] = []
-        for row in values:
-            last = runs[-1] if runs else None
-            if (
-                last is not None
-                and last[0] is row.stacked
-                and last[1] + last[2] == row.index
-            ):
-                last[2] += 1
-            else:
-                runs.append([row.stacked, row.index, 1])
-                arrays.setdefault(id(row.stacked), row.stacked)
-        runs_of.append(runs)
-    host = dict(zip(arrays, map(np.asarray, jax.device_get(list(arrays.values())))))
-    for g, runs in zip(where, runs_of):
-        parts = [host[id(a)][i : i + n] for a, i, n in runs]
-        out[g] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+def _stacked_scalars(values: list[jax.Array]) -> np.ndarray | list[Any]:
+    """Device scalars of one dtype on the host, stacked on the device first (one
+    transfer); scalars on different devices are fetched each."""
+    size = 1 << (len(values) - 1).bit_length()  # few shapes, few compiles
+    try:
+        stacked = _stack(*values, *[values[0]] * (size - len(values)))
+    except ValueError:  # committed to different devices
+        return list(jax.device_get(values))
+    return np.asarray(jax.device_get(stacked))[: len(values)]
 
 
 def _to_host(values: list[Any]) -> list[Any]:
