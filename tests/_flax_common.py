@@ -76,3 +76,15 @@ def checkpoint_round_trip(make, batches, directory):
     )
     restored, elapsed = ciclo.restore(directory, make(key=0))
     return trained, restored, elapsed
+
+
+def running_means(values, steps, epoch_duration: int) -> list[float]:
+    """The running mean of `values` (logged at `steps`) since the last reset, the
+    stateful metrics being reset every `epoch_duration` steps (at epoch ends)."""
+    out, since = [], []
+    for step, value in zip(steps, values, strict=True):
+        if step % epoch_duration == 0:
+            since = []
+        since.append(float(value))
+        out.append(sum(since) / len(since))
+    return out

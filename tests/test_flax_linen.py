@@ -22,6 +22,7 @@ from _flax_common import (
     checkpoint_round_trip,
     digits,
     eval_batches,
+    running_means,
     train_batches,
 )
 from clu import metrics as cm
@@ -179,6 +180,45 @@ def test_sown_losses_and_metrics_are_logged_and_minimised():
     penalty, mean_out = history.collect("penalty", "mean_out")
     assert len(penalty) == len(mean_out) == 20
     assert penalty[-1] < 0.5 * penalty[0]  # the sown loss is what was minimised
+
+
+class TrainSower(nn.Module):
+    """Sows a loss only in training (not while `init` runs, in evaluation mode)."""
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        y = nn.Dense(1)(x)
+        if train:
+            self.sow("losses", "reg", 0.1 * jnp.mean(y**2))
+        return y
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+def test_loss_sown_only_in_training_gets_a_running_mean(steps_per_call):
+    rng = np.random.default_rng(3)
+    train = [
+        (rng.normal(size=(4, 2)).astype(np.float32), np.zeros((4, 1), np.float32))
+        for _ in range(7)
+    ]
+    test = train[:2]
+    state = ciclo.create_flax_state(
+        TrainSower(),
+        train[0][0],
+        optax.sgd(0.1),
+        losses={"mse": lambda preds, target: (preds - target) ** 2},
+        steps_per_call=steps_per_call,
+    )
+    _, history, _ = ciclo.train_loop(
+        state, train, test_dataset=lambda: test, epoch_duration=3, stop=7
+    )
+    steps, reg, avg_reg = history.collect("steps", "reg", "avg_reg")
+    assert steps == list(range(7))
+    # reset at every epoch end (after steps 2 and 5), like the other stateful metrics
+    np.testing.assert_allclose(avg_reg, running_means(reg, steps, 3), rtol=1e-5)
+    steps, mse, avg_mse = history.collect("steps", "mse", "avg_mse")
+    np.testing.assert_allclose(avg_mse, running_means(mse, steps, 3), rtol=1e-5)
+    # the module sows nothing in evaluation: no reg / avg_reg in the test rows
+    assert history.collect("mse_test") and not history.collect("avg_reg_test")
 
 
 class BNDropout(nn.Module):

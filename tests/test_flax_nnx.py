@@ -16,6 +16,7 @@ from _flax_common import (
     checkpoint_round_trip,
     digits,
     eval_batches,
+    running_means,
     train_batches,
 )
 from clu import metrics as cm
@@ -106,6 +107,69 @@ def test_dropout_batchnorm_and_sown_values():
     assert len(history.collect("penalty", "active")[0]) == 3
 
 
+class Sower(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.linear = nnx.Linear(2, 1, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+        y = self.dropout(self.linear(x))
+        self.sow("losses", "reg", 0.1 * jnp.mean(y**2))
+        return y
+
+
+def _sower_batches(n):
+    rng = np.random.default_rng(4)
+    return [
+        (rng.normal(size=(4, 2)).astype(np.float32), np.zeros((4, 1), np.float32))
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("positional", [True, False])
+def test_sown_loss_gets_a_running_mean_when_inputs_are_given(positional):
+    train = _sower_batches(7)
+    losses = {"mse": lambda preds, target: (preds - target) ** 2}
+    if positional:
+        state = ciclo.create_flax_state(
+            Sower(nnx.Rngs(0)), train[0][0], optax.sgd(0.1), losses=losses
+        )
+    else:
+        state = ciclo.create_flax_state(
+            Sower(nnx.Rngs(0)), inputs=train[0][0], tx=optax.sgd(0.1), losses=losses
+        )
+    _, history, _ = ciclo.train_loop(
+        state, train, test_dataset=lambda: train[:2], epoch_duration=3, stop=7
+    )
+    steps, reg, avg_reg = history.collect("steps", "reg", "avg_reg")
+    assert steps == list(range(7))
+    # reset at every epoch end (after steps 2 and 5), like the other stateful metrics
+    np.testing.assert_allclose(avg_reg, running_means(reg, steps, 3), rtol=1e-5)
+    steps, mse, avg_mse = history.collect("steps", "mse", "avg_mse")
+    np.testing.assert_allclose(avg_mse, running_means(mse, steps, 3), rtol=1e-5)
+    # the test loop's running mean covers exactly the test set
+    steps, reg_test, avg_reg_test = history.collect("steps", "reg_test", "avg_reg_test")
+    assert steps == [2, 5, 6]  # each epoch's end and the last step
+    np.testing.assert_allclose(avg_reg_test, reg_test, rtol=1e-5)
+
+
+def test_sown_loss_without_inputs_has_no_running_mean():
+    train = _sower_batches(3)
+    state = ciclo.create_flax_state(Sower(nnx.Rngs(0)), tx=optax.sgd(0.1))
+    _, history, _ = ciclo.train_loop(state, train, stop=3)
+    assert len(history.collect("reg")) == 3 and not history.collect("avg_reg")
+
+
+def test_sown_losses_undiscoverable_on_bad_inputs_warn():
+    train = _sower_batches(2)
+    with pytest.warns(UserWarning, match="avg_"):
+        state = ciclo.create_flax_state(
+            Sower(nnx.Rngs(0)), np.ones((1, 5), np.float32), optax.sgd(0.1)
+        )
+    _, history, _ = ciclo.train_loop(state, train, stop=2)  # trains without avg_reg
+    assert len(history.collect("reg")) == 2 and not history.collect("avg_reg")
+
+
 def test_nnx_stateful_metric_accumulates_and_resets():
     x = np.ones((4, 3), np.float32)
     state = ciclo.create_flax_state(
@@ -123,8 +187,8 @@ def test_nnx_stateful_metric_accumulates_and_resets():
 
 def test_nnx_errors():
     model = nnx.Linear(3, 1, rngs=nnx.Rngs(0))
-    with pytest.raises(TypeError, match="without `inputs`"):
-        ciclo.create_flax_state(model, np.ones((1, 3)), optax.sgd(0.1))
+    with pytest.raises(TypeError, match="needs an optimizer"):
+        ciclo.create_flax_state(model, np.ones((1, 3)))
     with pytest.raises(TypeError, match="only apply to Linen"):
         ciclo.create_flax_state(model, tx=optax.sgd(0.1), rngs_train=["noise"])
     with pytest.raises(TypeError, match="needs an optimizer"):

@@ -41,9 +41,9 @@ def create_flax_state(
     """Creates a `FlaxState` that trains `module` with `losses` and `metrics`.
 
     `module` is a Flax Linen module (initialised here on `inputs`) or an
-    already-built Flax NNX module (no `inputs`; `create_flax_state(model,
-    tx=...)` or `create_flax_state(model, tx)`). The state's `train_step`,
-    `test_step`, `predict_step` and `reset_step` make
+    already-built Flax NNX module (`create_flax_state(model, tx=...)` or
+    `create_flax_state(model, tx)`; `inputs` optional, see below). The state's
+    `train_step`, `test_step`, `predict_step` and `reset_step` make
     `ciclo.train_loop(state, data, test_dataset=..., epoch_duration=..., stop=...)`
     a one-liner.
 
@@ -60,13 +60,22 @@ def create_flax_state(
     Each loss also gets a running mean, the stateful metric `avg_<name>` (the
     mean of the per-step values since the last `reset_step`, as in Ciclo 0.1), so
     `history.collect("avg_loss")` works after `train_loop`; a metric you name
-    `avg_<name>` yourself replaces it. Linen modules: losses sown when the module
-    is initialised get one too (NNX: only the configured losses).
+    `avg_<name>` yourself replaces it (so does a value the module sows under that
+    name). Sown losses get one too: the names are found at creation, so the
+    state's structure is fixed, by tracing the module on `inputs` abstractly
+    (`jax.eval_shape`: shapes only, no FLOPs) with the arguments the steps use.
+    Linen: the `init` call and a train-mode call (a loss sown only under
+    `if train:` is found). NNX: a `train()` and an `eval()` call, only when sample
+    `inputs` are given (`create_flax_state(model, inputs, tx)`); without them,
+    only the configured losses get a running mean. A module that cannot be
+    traced on `inputs` gets a `UserWarning`, and its sown losses no running mean.
 
     Args:
         module: a `flax.linen.Module` or a `flax.nnx.Module`.
-        inputs: sample inputs to initialise a Linen module (the first positional
-            argument of its method); not used for NNX.
+        inputs: sample inputs (the first positional argument of the module's
+            method; a batch of any size): a Linen module is initialised on them;
+            for both, a step is traced on them to find the losses the module
+            sows. Optional for NNX (needed for the sown losses' `avg_<name>`).
         tx: the optax optimizer.
         key: None (seed 0), an int seed or a `jax.random.key`: initialisation
             (Linen) and the per-step RNG (dropout) derive from it.
@@ -131,6 +140,21 @@ def create_flax_state(
         >>> state, history, elapsed = ciclo.train_loop(state, data)
         >>> int(state.step), elapsed.steps, elapsed.samples, len(history)
         (20, 20, 80, 20)
+
+        An NNX module that sows a loss; with sample `inputs`, it gets `avg_aux`:
+
+        >>> from flax import nnx
+        >>> class Net(nnx.Module):
+        ...     def __init__(self, rngs):
+        ...         self.linear = nnx.Linear(64, 10, rngs=rngs)
+        ...     def __call__(self, x):
+        ...         y = self.linear(x)
+        ...         self.sow("losses", "aux", 1e-3 * jnp.mean(y**2))
+        ...         return y
+        >>> state = ciclo.create_flax_state(Net(nnx.Rngs(0)), data[0][0], optax.sgd(0.1))
+        >>> logs, state = state.train_step(data[0])
+        >>> sorted(logs.losses), sorted(logs.stateful_metrics)
+        (['aux'], ['avg_aux'])
     """
 
     from ciclo.managed._steps import check_fused
@@ -197,12 +221,7 @@ def _create(
             )
         if tx is None and isinstance(inputs, optax.GradientTransformation):
             inputs, tx = None, inputs
-        if inputs is not None:
-            raise TypeError(
-                "An NNX module is already initialised: call "
-                "create_flax_state(model, tx=optax...) without `inputs`."
-            )
-        return create_nnx_state(module, _require_tx(tx), **common)
+        return create_nnx_state(module, _require_tx(tx), inputs=inputs, **common)
     if isinstance(module, linen.Module):
         from ciclo._flax.linen import create_linen_state
 

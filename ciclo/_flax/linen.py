@@ -14,7 +14,7 @@ from flax import traverse_util
 
 from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
-from ciclo._flax.state import FlaxState, Forward, new_state
+from ciclo._flax.state import FlaxState, Forward, new_state, sown_names
 
 __all__ = ["LinenModel", "create_linen_state"]
 
@@ -134,6 +134,8 @@ def create_linen_state(
     Usually called through `ciclo.create_flax_state`, which documents the
     arguments. The module is initialised with `module.init` on `inputs`, in
     evaluation mode (`eval_kwargs`), with RNG streams `params` and `rngs_train`.
+    The losses it sows there or in a train step on `inputs` (traced abstractly,
+    `jax.eval_shape`) get an `avg_<name>` running mean.
 
     Returns:
         The `FlaxState`, placed for `strategy`.
@@ -168,7 +170,7 @@ def create_linen_state(
     init_rngs = dict(zip(streams, jax.random.split(init_key, len(streams))))
     init = jax.jit(functools.partial(module.init, method=method, **eval_kw))
     variables = dict(init(init_rngs, inputs))
-    sown_losses = tuple(path[-1] for path in _flat(variables.get("losses", {})))
+    init_sown = [tuple(path[-1] for path in _flat(variables.get(c, {}))) for c in SOWN]
     params = variables.pop("params", {})
     batch_stats = variables.pop("batch_stats", {})
     collections = {c: v for c, v in variables.items() if c not in _NOT_PERSISTED}
@@ -183,7 +185,19 @@ def create_linen_state(
         rngs_train=rngs_train,
         rngs_eval=rngs_eval,
     )
-    objectives = Objectives(losses, metrics, sown_losses)
+    # what a train step sows too (e.g. only under `if train:`), traced abstractly
+    train_sown = sown_names(
+        model,
+        inputs,
+        state_key,
+        params=params,
+        batch_stats=batch_stats,
+        collections=collections,
+    )
+    sown_losses, sown_metrics = (
+        tuple(dict.fromkeys(a + b)) for a, b in zip(init_sown, train_sown, strict=True)
+    )
+    objectives = Objectives(losses, metrics, sown_losses, sown_metrics)
     return new_state(
         model,
         objectives,

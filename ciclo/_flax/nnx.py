@@ -20,7 +20,7 @@ from flax import nnx
 
 from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
-from ciclo._flax.state import FlaxState, Forward, new_state
+from ciclo._flax.state import FlaxState, Forward, new_state, sown_names
 from ciclo._strategies.base import tree_is_key
 
 __all__ = ["LOSSES", "METRICS", "NNXModel", "create_nnx_state"]
@@ -101,6 +101,7 @@ def create_nnx_state(
     module: nnx.Module,
     tx: optax.GradientTransformation,
     *,
+    inputs: Any = None,
     key: Any = None,
     losses: Mapping[str, Callable[..., Any]] | None = None,
     metrics: Mapping[str, Any] | None = None,
@@ -115,6 +116,10 @@ def create_nnx_state(
 
     Usually called through `ciclo.create_flax_state`, which documents the
     arguments. `module` is not changed: the state holds copies of its variables.
+    With sample `inputs`, a train and an evaluation step on them are traced
+    abstractly (`jax.eval_shape`, no FLOPs) to find the losses the module sows,
+    which then get an `avg_<name>` running mean; without, only the configured
+    losses get one.
 
     Returns:
         The `FlaxState`, placed for `strategy`.
@@ -144,8 +149,20 @@ def create_nnx_state(
     graphdef, params, batch_stats, collections = nnx.split(
         nnx.clone(module), nnx.Param, nnx.BatchStat, _OTHER
     )
-    objectives = Objectives(losses, metrics)
     model = NNXModel(graphdef, method, train_kw, eval_kw)
+    key = as_key(key)
+    sown_losses, sown_metrics = (), ()
+    if inputs is not None:
+        sown_losses, sown_metrics = sown_names(
+            model,
+            inputs,
+            key,
+            params=params,
+            batch_stats=batch_stats,
+            collections=collections,
+            modes=(True, False),
+        )
+    objectives = Objectives(losses, metrics, sown_losses, sown_metrics)
     return new_state(
         model,
         objectives,
@@ -157,5 +174,5 @@ def create_nnx_state(
         strategy=strategy,
         batch_stats=batch_stats,
         collections=collections,
-        key=as_key(key),
+        key=key,
     )

@@ -135,10 +135,12 @@ class Objectives:
         metrics: name -> callable (per batch), or a stateful metric class
             (`clu.metrics.Metric` subclass) accumulated until `reset_step`.
         sown_losses: the names of losses the module sows (known at creation).
+        sown_metrics: the names of metrics the module sows (known at creation).
 
     Each loss (configured or sown) also gets a running mean `avg_<name>`, a
     stateful metric accumulated like the others (per step, unweighted) and reset
-    by `reset_step`, unless a configured metric already has that name.
+    by `reset_step`, unless a configured loss or metric or a sown value already
+    has that name.
 
     Raises:
         TypeError: for a non-callable, a metric instance instead of its class,
@@ -158,14 +160,16 @@ class Objectives:
         losses: Mapping[str, Callable[..., Any]] | None,
         metrics: Mapping[str, Any] | None,
         sown_losses: tuple[str, ...] = (),
+        sown_metrics: tuple[str, ...] = (),
     ):
         losses, metrics = losses or {}, metrics or {}
         _check_names(losses, metrics)
+        taken = {*losses, *metrics, *sown_losses, *sown_metrics}
         # loss name -> its running mean's name
         self.averages = {
             name: f"avg_{name}"
             for name in dict.fromkeys([*losses, *sown_losses])
-            if f"avg_{name}" not in metrics and f"avg_{name}" not in losses
+            if f"avg_{name}" not in taken
         }
         self.losses = tuple(KeywordCall("loss", n, f) for n, f in losses.items())
         stateless, stateful = [], []
