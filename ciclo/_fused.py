@@ -20,7 +20,7 @@ from ciclo._time import Steps, batch_size
 __all__ = ["declared_steps", "fuse"]
 
 
-def _check(steps_per_call: Any, where: str) -> int:
+def check_steps(steps_per_call: Any, where: str) -> int:
     if (
         isinstance(steps_per_call, bool)
         or not isinstance(steps_per_call, int)
@@ -80,7 +80,7 @@ def fuse(
         >>> [(s.n, s.samples, s.batch.shape) for s in fused]
         [(2, 4, (2, 2, 3)), (2, 4, (2, 2, 3)), (1, 2, (1, 2, 3))]
     """
-    k = _check(steps_per_call, "ciclo.fuse")
+    k = check_steps(steps_per_call, "ciclo.fuse")
     iterator = iter(dataset)
     read = 0
     group: list[Any] = []
@@ -140,7 +140,7 @@ def declared_steps(callback_groups: Iterable[Any], *extra: Any) -> int | None:
     for callback in candidates:
         value = _owner_steps(callback)
         if value is not None and value != 1:
-            found.setdefault(_check(value, repr(callback)), callback)
+            found.setdefault(check_steps(value, repr(callback)), callback)
     if len(found) > 1:
         raise ValueError(
             f"Callbacks declare different `steps_per_call`: "

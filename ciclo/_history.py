@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ciclo._logs import Logs, locate
-from ciclo._time import Elapsed, Steps, _make
+from ciclo._time import Elapsed, Steps, new_elapsed
 
 __all__ = ["History", "history"]
 
@@ -274,7 +274,7 @@ class History:
             self._flush(self._fetched + self.lag)
         elif behind // self.lag != before // self.lag:
             self._flush(self._ready())
-        last = _make(
+        last = new_elapsed(
             s0 + n - 1, m0 + (n - 1) * per_step, elapsed.date, elapsed.date_start
         )
         self.commit(last, logs)

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from ciclo._callback import arity, describe, split_output
-from ciclo._fused import _check, declared_steps, fuse
+from ciclo._fused import check_steps, declared_steps, fuse
 from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._resume import position, prepare
@@ -377,7 +377,7 @@ def loop(
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
     if steps_per_call is None:
         steps_per_call = declared_steps([*tasks.values()]) or 1
-    if _check(steps_per_call, "ciclo.loop") > 1:
+    if check_steps(steps_per_call, "ciclo.loop") > 1:
         limit = None
         if stop_period is not None and stop_period.steps is not None:
             limit = max(stop_period.steps - initial.steps, 0)

@@ -219,23 +219,23 @@ class Elapsed:
             5
         """
         now = _time.time()
-        return _make(steps, samples, now, now)
+        return new_elapsed(steps, samples, now, now)
 
     def update(self, batch_size: int, steps: int = 1) -> Elapsed:
         """Returns the elapsed after consuming one more batch of `batch_size`
         samples (`steps` steps: more than one for a fused `Steps` batch)."""
-        return _make(
+        return new_elapsed(
             self.steps + steps, self.samples + batch_size, _time.time(), self.date_start
         )
 
     def update_time(self) -> Elapsed:
         """Returns the same progress with `date` set to now."""
-        return _make(self.steps, self.samples, _time.time(), self.date_start)
+        return new_elapsed(self.steps, self.samples, _time.time(), self.date_start)
 
     def resume(self) -> Elapsed:
         """Restarts the clock now, keeping `steps`, `samples` and `time` (for resuming)."""
         now = _time.time()
-        return _make(self.steps, self.samples, now, now - float(self.time))
+        return new_elapsed(self.steps, self.samples, now, now - float(self.time))
 
     def __sub__(self, other: Elapsed) -> Elapsed:
         """The progress from `other` to `self`: steps, samples and time differences.
@@ -250,7 +250,7 @@ class Elapsed:
         if not isinstance(other, Elapsed):
             return NotImplemented
         time = float(self.time) - float(other.time)
-        return _make(
+        return new_elapsed(
             self.steps - other.steps,
             self.samples - other.samples,
             self.date,
@@ -296,7 +296,7 @@ class Elapsed:
         return hash((self.steps, self.samples, self.date, self.date_start))
 
 
-def _make(steps: int, samples: int, date: float, date_start: float) -> Elapsed:
+def new_elapsed(steps: int, samples: int, date: float, date_start: float) -> Elapsed:
     """Builds an `Elapsed` without the dataclass machinery (the loop's hot path)."""
     e = object.__new__(Elapsed)
     d = e.__dict__

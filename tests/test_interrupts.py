@@ -40,7 +40,7 @@ WATCHED = {
         Logs.add_entry,
         _time.Elapsed.update,
         _time.Elapsed.update_time,
-        _time._make,
+        _time.new_elapsed,
         _time.batch_size,
         _time._leaves,
     )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ciclo._callback import arity
-from ciclo._fused import _check, declared_steps, fuse
+from ciclo._fused import check_steps, declared_steps, fuse
 from ciclo._history import History
 from ciclo._loop import loop
 from ciclo._loops.epoch import (
@@ -284,7 +284,7 @@ def train_loop(
     if steps_per_call is None:
         train_callbacks = [*named[on_train_step], *(v for _, v in ordinary)]
         steps_per_call = declared_steps(train_callbacks, state) or 1
-    if _check(steps_per_call, "train_loop") > 1:
+    if check_steps(steps_per_call, "train_loop") > 1:
         _fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
     finite = epochs is None or epoch_duration is None  # the data can end an epoch
     epoch = EpochEnd(
