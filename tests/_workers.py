@@ -32,13 +32,12 @@ def _env() -> dict:
     return env
 
 
-@functools.cache
-def four_device_results() -> dict:
-    """Results of `_strategies_worker.py` (every strategy on 4 CPU devices)."""
+def _results(script: str, what: str) -> dict:
+    """The pickled results a worker script writes to the path it is given."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "results.pkl"
         proc = subprocess.run(
-            [sys.executable, str(HERE / "_strategies_worker.py"), str(path)],
+            [sys.executable, str(HERE / script), str(path)],
             check=False,
             capture_output=True,
             text=True,
@@ -46,28 +45,21 @@ def four_device_results() -> dict:
             env=_env(),
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"4-device worker failed:\n{proc.stdout}\n{proc.stderr}")
+            raise RuntimeError(f"{what} failed:\n{proc.stdout}\n{proc.stderr}")
         with open(path, "rb") as f:
             return pickle.load(f)
+
+
+@functools.cache
+def four_device_results() -> dict:
+    """Results of `_strategies_worker.py` (every strategy on 4 CPU devices)."""
+    return _results("_strategies_worker.py", "4-device worker")
 
 
 @functools.cache
 def fused_results() -> dict:
     """Results of `_fused_worker.py` (fused vs single steps on 4 CPU devices)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "results.pkl"
-        proc = subprocess.run(
-            [sys.executable, str(HERE / "_fused_worker.py"), str(path)],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            env=_env(),
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"fused worker failed:\n{proc.stdout}\n{proc.stderr}")
-        with open(path, "rb") as f:
-            return pickle.load(f)
+    return _results("_fused_worker.py", "fused worker")
 
 
 def free_port() -> int:
