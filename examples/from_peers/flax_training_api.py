@@ -72,7 +72,7 @@ for state, logs, elapsed in ciclo.iterate(  # for checkpoint in train_loop:
     initial, train_datastream(), epoch_duration=max(STEPS // 4, 1), stop=STEPS
 ):
     _, summary, _ = ciclo.test_loop(state, [(x_eval, y_eval)])  # eval_loop(...)
-    eval_logs = ciclo.logs().add_metric("accuracy", summary.collect("accuracy")[-1])
+    eval_logs = summary[-1]  # the eval batch's logs (one batch: the whole set)
     print(f"step {elapsed.steps}: loss {float(logs.losses.loss):.3f}, "
           f"eval accuracy {float(eval_logs.metrics.accuracy):.3f}")  # fmt: skip
     regular(elapsed, state, consumed=True)  # elapsed counts the trained batches
