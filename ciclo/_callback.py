@@ -28,6 +28,7 @@ __all__ = [
     "describe",
     "inject",
     "split_output",
+    "uncalled",
 ]
 
 ARGUMENTS = ("state", "batch", "elapsed", "loop_state")
@@ -58,6 +59,35 @@ def describe(obj: Any) -> str:
     """A short name for `obj` in error messages."""
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     return name if name else f"{type(obj).__name__} object"
+
+
+_HOOKS = ("__loop_callback__", "__loop_end__", "__loop_resume__", "default_schedule")
+
+
+def uncalled(callback: Any) -> str | None:
+    """`"ciclo.keras_bar"` for a callback class (or a ciclo callback factory such
+    as `ciclo.early_stopping`) given where a callback is expected, without the
+    call that builds one; None for anything else.
+
+    A class counts when its instances are callbacks: it defines `__call__` or a
+    loop hook (`__loop_callback__`, `__loop_end__`, ...).
+    """
+    import ciclo  # loaded by now: a loop runs
+
+    if isinstance(callback, type):
+        if not (
+            any(hasattr(callback, hook) for hook in _HOOKS)
+            or any("__call__" in vars(k) for k in callback.__mro__[:-1])
+        ):
+            return None
+    elif not (
+        inspect.isfunction(callback)
+        and getattr(callback, "__module__", "").startswith("ciclo.callbacks.")
+        and getattr(ciclo, callback.__name__, None) is callback
+    ):
+        return None
+    name = callback.__name__
+    return f"ciclo.{name}" if getattr(ciclo, name, None) is callback else name
 
 
 def arity(f: Callable[..., Any], where: str, most: int = len(ARGUMENTS)) -> int:
@@ -117,7 +147,8 @@ def split_output(output: Any, callback: Any) -> tuple[Logs | None, Any]:
 
     Raises:
         TypeError: for a tuple that is not a pair, or a pair whose first element is
-            not logs or whose second is a `Logs` (a swapped `(state, logs)`).
+            not logs or whose second is a `Logs` (a swapped `(state, logs)`, or
+            `(logs, logs)`: a `Logs` is never taken as the new state).
     """
     if output is None:
         return None, None
@@ -130,7 +161,14 @@ def split_output(output: Any, callback: Any) -> tuple[Logs | None, Any]:
                 f"state_or_None). To return a tuple state, return (None, state)."
             )
         logs, state = output
-        if isinstance(state, Logs) and not isinstance(logs, Logs):
+        if isinstance(state, Logs):
+            if isinstance(logs, Logs):
+                raise TypeError(
+                    f"Callback {describe(callback)} returned (Logs, Logs): the "
+                    f"second element is taken as the new state, and a Logs is not "
+                    f"a state. Return (logs, state), or (logs, None) to keep the "
+                    f"state; merge two Logs with logs.merge(other)."
+                )
             raise TypeError(
                 f"Callback {describe(callback)} returned ({type(logs).__name__}, "
                 f"Logs): the logs come first. Return (logs, state)."

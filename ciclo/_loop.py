@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ciclo._callback import arity, describe, split_output
+from ciclo._callback import arity, describe, split_output, uncalled
 from ciclo._fused import check_steps, declared_steps, fuse
 from ciclo._history import History
 from ciclo._logs import Logs
@@ -111,8 +111,10 @@ def _check_state(new: Any, old: Any, callback: Any) -> None:
     """The first state a callback returns must be a state: a callback that returns
     a bare number or array for a structured state (e.g. an `eval_step` returning
     its accuracy) would silently replace the state with it."""
-    if old is None or type(new) is type(old) or isinstance(old, _NUMERIC):
+    if old is None or type(new) is type(old):
         return
+    if isinstance(old, _NUMERIC) and not isinstance(new, str | bytes):
+        return  # a number state may become an array (or anything but text)
     if isinstance(new, type(old)) or isinstance(old, type(new)):
         return
     if isinstance(new, Mapping) and isinstance(old, Mapping):
@@ -179,6 +181,13 @@ class _Apply:
 
 def runner(callback: Any, where: str) -> Runner:
     """Turns a callback into `run(loop_state)`, deciding once how to call it."""
+    name = uncalled(callback)
+    if name is not None:
+        kind = "class" if isinstance(callback, type) else "factory"
+        raise TypeError(
+            f"{where} is the {kind} {name}, not a callback: build one first; did "
+            f"you mean {name}(...)?"
+        )
     apply = _Apply(callback, where)
     loop_callback = getattr(callback, "__loop_callback__", None)
     if loop_callback is not None:

@@ -160,6 +160,12 @@ def as_period(value: Any, argument: str) -> Period:
     if isinstance(value, Period):
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(
+                f"`{argument}` must be >= 0 steps, got {int(value)}; pass a "
+                f"non-negative int or a ciclo.Period, e.g. {argument}=100 or "
+                f"{argument}=ciclo.at(samples=10_000)."
+            )
         return Period(steps=int(value))
     raise TypeError(
         f"`{argument}` must be an int (steps) or a ciclo.Period such as "

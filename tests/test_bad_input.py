@@ -101,6 +101,15 @@ def test_every_zero_or_negative(n):
         ciclo.every(n)
 
 
+def test_negative_stop_or_patience_names_the_argument():
+    with pytest.raises(ValueError, match=r"`stop` must be >= 0 steps, got -1"):
+        ciclo.loop(0, [1], {ALWAYS: _step}, stop=-1)
+    with pytest.raises(ValueError, match=r"`stop` must be >= 0 steps, got -1"):
+        ciclo.train_loop(0, [1], {ciclo.on_train_step: _step}, stop=-1)
+    with pytest.raises(ValueError, match=r"`patience` must be >= 0 steps, got -2"):
+        ciclo.early_stopping("x", patience=-2)
+
+
 def test_period_with_no_field():
     with pytest.raises(
         ValueError, match=r"at least one of steps, samples, time or date"
@@ -163,11 +172,43 @@ def test_swapped_return_with_a_params_dict_state():
         ciclo.loop({"w": 1}, [1], {ALWAYS: lambda s: ({"w": 2}, ciclo.logs())})
 
 
+def test_a_logs_in_the_second_place_names_the_callback():
+    def twice(state):
+        return ciclo.logs().add_metric("a", 1), ciclo.logs().add_metric("b", 2)
+
+    with pytest.raises(
+        TypeError, match=r"twice returned \(Logs, Logs\).*second.*new state"
+    ):
+        ciclo.loop(0, [1, 2], {ALWAYS: twice})
+    with pytest.raises(TypeError, match=r"returned \(NoneType, Logs\)"):
+        ciclo.loop(0, [1], {ALWAYS: lambda: (None, ciclo.logs())})
+
+
+def test_a_str_returned_for_a_number_state_is_an_error():
+    def hello(state):
+        return "hello"
+
+    with pytest.raises(TypeError, match=r"hello returned a str where the state"):
+        ciclo.loop(0, [1, 2], {ALWAYS: hello})
+
+
 def test_keras_bar_without_the_call():
     with pytest.raises(TypeError, match=r"class keras_bar.*keras_bar\(\.\.\.\)"):
         ciclo.train_loop(
             0, [1], {ciclo.on_train_step: _step}, callbacks=[ciclo.keras_bar]
         )
+
+
+@pytest.mark.parametrize("name", ["keras_bar", "tqdm_bar", "early_stopping"])
+def test_uncalled_callback_class_or_factory_in_a_task_list(name):
+    uncalled = getattr(ciclo, name)
+    fix = rf"not a callback.*did you mean ciclo\.{name}\(\.\.\.\)"
+    with pytest.raises(TypeError, match=rf"tasks\[every\(steps=1\)\]\[1\].*{fix}"):
+        ciclo.loop(0, [1], {ALWAYS: [_step, uncalled]})
+    with pytest.raises(TypeError, match=fix):
+        ciclo.loop(0, [1], {ALWAYS: _step}, on_end=uncalled)
+    with pytest.raises(TypeError, match=fix):
+        ciclo.train_loop(0, [1], {ciclo.on_train_batch_end: [_step, uncalled]})
 
 
 def test_metric_name_clash_between_the_step_and_the_test_loop():
@@ -286,23 +327,67 @@ def test_missing_optional_dependency_says_what_to_install():
 
 
 # -- checkpoints -------------------------------------------------------------------
+def _foreign(directory):
+    """A directory with a step folder ciclo/orbax did not write."""
+    (directory / "7").mkdir(parents=True)
+    (directory / "7" / "weights.bin").write_bytes(b"\0" * 8)
+    return directory
+
+
+def _one_line(error):
+    message = str(error)
+    assert "\n" not in message and len(message) < 600, message
+    return message
+
+
 def test_checkpoint_directory_with_a_foreign_layout(tmp_path):
-    (tmp_path / "7").mkdir()
-    (tmp_path / "7" / "weights.bin").write_bytes(b"\0" * 8)
-    with pytest.raises(Exception) as info:
-        ciclo.restore(tmp_path, {"w": jnp.zeros(2)})
-    message = str(info.value)
-    assert str(tmp_path) in message or "checkpoint" in message.lower(), message
-    assert "\n" not in message.strip() or len(message) < 2000
+    directory = _foreign(tmp_path / "ckpts")
+    foreign = (
+        rf"{directory}.*not ciclo checkpoints.*7/.*weights\.bin.*directory of its own"
+    )
+    with pytest.raises(ValueError, match=foreign) as info:
+        ciclo.restore(directory, {"w": jnp.zeros(2)})
+    _one_line(info.value)
+    with pytest.raises(ValueError, match=foreign):
+        ciclo.restore(directory)
+    with pytest.raises(ValueError, match=foreign):
+        ciclo.train_loop(
+            {"w": jnp.zeros(2)}, [1, 2], {ciclo.on_train_step: lambda s: s},
+            resume=directory,
+        )  # fmt: skip
+    # a checkpoint used in a loop never deletes what it did not write
+    for keep in (1, 3):
+        ckpt = ciclo.checkpoint(directory, keep=keep)
+        with pytest.raises(ValueError, match=foreign):
+            ciclo.loop({"w": jnp.zeros(2)}, [1, 2, 3], {ALWAYS: ckpt})
+    with pytest.raises(ValueError, match=foreign):
+        ciclo.checkpoint(directory)(ciclo.Elapsed.create(steps=9), {"w": jnp.ones(2)})
+    assert sorted(os.listdir(directory)) == ["7"]
+    assert os.listdir(directory / "7") == ["weights.bin"]
 
 
 def test_restoring_into_a_state_of_a_different_structure(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path)
-    ckpt(ciclo.Elapsed.create(), {"w": jnp.ones(2)})
+    ckpt(ciclo.Elapsed.create(), {"w": jnp.ones(2), "n": {"a": jnp.ones(3)}})
     ckpt.close()
-    with pytest.raises(Exception) as info:
+    with pytest.raises(
+        ValueError,
+        match=r"structure.*not in the checkpoint: \['b'\].*only in the checkpoint: "
+        r"\['n/a'\].*target_state",
+    ) as info:
         ciclo.restore(tmp_path, {"w": jnp.zeros(2), "b": jnp.zeros(3)})
-    assert not isinstance(info.value, KeyError | AttributeError), info.value
+    message = _one_line(info.value)
+    assert "ShapeDtypeStruct" not in message and "partial_restore" not in message
+    with pytest.raises(
+        ValueError, match=r"shape.*'w': saved \(2,\), target \(3,\)"
+    ) as info:
+        ciclo.restore(tmp_path, {"w": jnp.zeros(3), "n": {"a": jnp.zeros(3)}})
+    _one_line(info.value)
+    with pytest.raises(ValueError, match=r"not in the checkpoint: \['b'\]"):
+        ciclo.train_loop(
+            {"w": jnp.zeros(2), "b": jnp.zeros(3)}, [1], {ciclo.on_train_step: _step},
+            resume=tmp_path,
+        )  # fmt: skip
 
 
 def test_two_checkpoint_writers_on_one_directory(tmp_path):

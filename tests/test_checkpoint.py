@@ -161,6 +161,36 @@ def test_by_hand_counts_the_batch_just_trained_on(tmp_path):
     assert_trees_equal(restored, state)
 
 
+def test_by_hand_with_the_elapsed_its_loop_returned_is_not_counted_twice(tmp_path):
+    # the rule: by hand, `elapsed` is elapse's (before the batch: +1); an elapsed
+    # that already counts the batches (a loop's) needs consumed=True. A checkpoint
+    # that ran in the loop recognises the elapsed that loop returned.
+    ckpt = ciclo.checkpoint(tmp_path / "in_loop", keep=3, async_save=False)
+    state, _, elapsed = ciclo.train_loop(
+        init_state(), data(4), {ciclo.on_train_step: train_step},
+        callbacks=[ckpt], epoch_duration=2, stop=4,
+    )  # fmt: skip
+    assert elapsed.steps == 4 and ckpt.steps() == [2, 4]
+    with pytest.warns(UserWarning, match=r"`elapsed` the loop returned.*step 4, not 5"):
+        ckpt(elapsed, state)
+    assert ckpt.steps() == [2, 4]  # the same step (and state), not a step 5
+    state, _, elapsed = ciclo.loop(  # exhausted (not stopped): same
+        state, data(3), {ciclo.every(1): train_step, ciclo.every(2): ckpt},
+        elapsed=elapsed,
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match=r"consumed=True"):
+        ckpt(elapsed, state)
+    assert ckpt.latest_step() == 7
+    ckpt(elapsed, state, consumed=True)  # said explicitly: no warning
+    assert ckpt.latest_step() == 7
+    # elapse's elapsed continuing from it is a new one, counted before its batch
+    for step_elapsed, batch in ciclo.elapse(data(1), initial=elapsed):
+        _, state = train_step(state, batch)
+        ckpt(step_elapsed, state)
+    assert ckpt.latest_step() == 8
+    ckpt.close()
+
+
 def test_waits_for_async_save_when_the_loop_fails(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path)
 
@@ -187,6 +217,20 @@ def test_a_directory_from_an_earlier_run_is_one_timeline(tmp_path):
     assert finished_steps(tmp_path) == [1, 2]
     state, elapsed = ciclo.restore(tmp_path, {"x": jnp.int32(0)})
     assert (int(state["x"]), elapsed.steps) == (8, 2)
+
+
+def test_never_deletes_a_step_folder_it_did_not_write(tmp_path):
+    first = ciclo.checkpoint(tmp_path)
+    ciclo.loop({"x": jnp.int32(0)}, range(2), {ciclo.every(1): first})
+    (tmp_path / "5").mkdir()  # someone else's folder, at a later step
+    (tmp_path / "5" / "notes.txt").write_text("mine")
+    again = ciclo.checkpoint(tmp_path)
+    with pytest.raises(ValueError, match=r"5/ holds \['notes.txt'\]"):
+        again(ciclo.Elapsed.create(steps=2), {"x": jnp.int32(1)})
+    with pytest.raises(ValueError, match=r"not ciclo checkpoints"):
+        first.restore({"x": jnp.int32(0)})
+    assert sorted(os.listdir(tmp_path)) == ["2", "5"]
+    assert (tmp_path / "5" / "notes.txt").read_text() == "mine"
 
 
 def test_bare_array_state_round_trips(tmp_path):

@@ -134,10 +134,59 @@ def test_named_and_schedule_compose_both_ways():
         ciclo.on_train_step.every(3): recorder("c"),
     }
     _, history, _ = ciclo.train_loop(0, range(8), tasks, epoch_duration=2)
-    # epoch ends after batches 1, 3, 5, 7 (elapsed before them: 1, 3, 5, 7)
-    assert history.collect("a") == []  # every(4) looks at elapsed.steps (odd here)
+    # epoch ends after the 2nd, 4th, 6th and 8th batches (elapsed.steps 1, 3, 5, 7
+    # before them); the gates see the count after the batch: 2, 4, 6, 8
+    assert history.collect("a") == [3, 7]
     assert history.collect("b") == [5, 7]
     assert history.collect("c") == [2, 5]
+
+
+def test_epoch_end_and_every_k_a_multiple_of_the_epoch_fires_at_those_epochs():
+    def fired(k, n):
+        seen = []
+        tasks = {
+            ciclo.on_train_step: lambda s, b: s,
+            ciclo.on_epoch_end & ciclo.every(k): lambda s, b, e: seen.append(e.steps),
+        }
+        ciclo.train_loop(0, range(n), tasks, epoch_duration=4)
+        return seen
+
+    assert fired(4, 12) == [3, 7, 11]  # after the 4th, 8th and 12th batches
+    assert fired(8, 16) == [7, 15]  # every second epoch
+    assert fired(2, 8) == [3, 7]  # k divides the epoch: every epoch
+
+
+def test_epoch_end_and_after_fires_from_the_epoch_that_reaches_it():
+    seen = []
+    tasks = {
+        ciclo.on_train_step: lambda s, b: s,
+        ciclo.on_epoch_end & ciclo.after(8): lambda s, b, e: seen.append(e.steps),
+        ciclo.on_epoch_end & ciclo.after(9) & ciclo.every(2): lambda s, b, e: (
+            seen.append(-e.steps)
+        ),
+    }
+    ciclo.train_loop(0, range(16), tasks, epoch_duration=4)
+    # the epoch ending after the 8th batch has done 8 steps: after(8) is reached
+    assert seen == [7, 11, -11, 15, -15]
+
+
+def test_gates_before_the_step_see_the_count_before_the_batch():
+    seen = {"begin": [], "step": [], "batch_end": [], "plain": []}
+
+    def record(name):
+        return lambda s, b, e: seen[name].append(e.steps)
+
+    tasks = {
+        ciclo.on_train_step: lambda s, b: s,
+        ciclo.on_epoch_begin & ciclo.every(4): record("begin"),
+        ciclo.on_train_step & ciclo.every(3): record("step"),
+        ciclo.every(3): record("plain"),
+        ciclo.on_train_batch_end & ciclo.every(3): record("batch_end"),
+    }
+    ciclo.train_loop(0, range(8), tasks, epoch_duration=4)
+    assert seen["begin"] == [0, 4]  # epochs begin at elapsed.steps 0 and 4
+    assert seen["step"] == seen["plain"] == [0, 3, 6]  # as the ordinary schedule
+    assert seen["batch_end"] == [2, 5]  # after the 3rd and 6th batches
 
 
 def test_gated_callbacks_keep_their_place_in_the_order():

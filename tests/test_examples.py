@@ -33,6 +33,31 @@ def test_example_runs(path, tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    if path.stem == "01_simple":
+        _check_01_simple_outputs(tmp_path, result.stdout, steps=30)
+
+
+def _check_01_simple_outputs(directory, stdout, steps):
+    """examples/01_simple.py writes, under CICLO_EXAMPLE_DIR, TensorBoard events
+    (`01_simple_tb/`) and a learning-curve PNG (`01_simple_curve.png`), and prints
+    where."""
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+    )
+
+    tb, png = directory / "01_simple_tb", directory / "01_simple_curve.png"
+    assert list(tb.glob("events.out.tfevents.*")), sorted(directory.iterdir())
+    events = EventAccumulator(str(tb))
+    events.Reload()
+    assert {"loss", "accuracy"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("loss")] == list(range(steps))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(png).shape
+    assert height > 100 and width > 100
+    assert f"tensorboard --logdir {tb}" in stdout
+    assert f"learning curve: {png}" in stdout
 
 
 def test_readme_loop_language_snippet_runs(tmp_path):

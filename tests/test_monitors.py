@@ -12,6 +12,7 @@ import pytest
 from flax.training.train_state import TrainState
 
 import ciclo
+from ciclo import managed
 
 SCHEDULE = optax.cosine_decay_schedule(0.1, decay_steps=8)
 
@@ -42,13 +43,59 @@ def test_lr_monitor_reads_inject_hyperparams_in_train_loop():
         optax.inject_hyperparams(optax.adam)(learning_rate=SCHEDULE),
     )
     monitor = ciclo.lr_monitor()
-    assert monitor.on_train_step is monitor
+    assert monitor.on_train_batch_end is monitor
     _, history, _ = ciclo.train_loop(
         make_state(tx), data(8), {ciclo.on_train_step: train_step},
         callbacks=[monitor], stop=8,
     )  # fmt: skip
     steps, lrs = history.collect("steps", "learning_rate")
     np.testing.assert_allclose(lrs, [SCHEDULE(s) for s in steps], rtol=1e-6)
+
+
+LINEAR = optax.linear_schedule(0.1, 0.0, transition_steps=4)
+
+
+@managed.train_step
+def managed_train_step(state, batch):
+    loss = jnp.sum((state.params["w"] * batch) ** 2)
+    return ciclo.logs().add_loss("loss", loss), state
+
+
+@pytest.mark.parametrize("form", ["on_train_step", "every(1)", "**managed"])
+@pytest.mark.parametrize("schedule", [None, LINEAR], ids=["opt_state", "schedule"])
+def test_lr_monitor_in_train_loop_logs_the_rate_each_step_used(form, schedule):
+    # The rate used by step k is LINEAR(k) (optax counts updates from 0), however
+    # the train step is scheduled: the monitor runs after it.
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=LINEAR)
+    if form == "**managed":
+        state = managed.ManagedState.create(params={"w": jnp.ones(3)}, tx=tx)
+        tasks = {**managed_train_step}
+    else:
+        state = make_state(tx)
+        key = ciclo.on_train_step if form == "on_train_step" else ciclo.every(1)
+        tasks = {key: train_step}
+    _, history, _ = ciclo.train_loop(
+        state, data(4), tasks, callbacks=[ciclo.lr_monitor(schedule)]
+    )
+    steps, lrs = history.collect("steps", "learning_rate")
+    assert steps == [0, 1, 2, 3]
+    np.testing.assert_allclose(lrs, [0.1, 0.075, 0.05, 0.025], rtol=1e-6)
+
+
+@pytest.mark.parametrize("writer_first", [True, False])
+def test_lr_monitor_is_in_every_row_of_a_writer_beside_it(tmp_path, writer_first):
+    import json
+
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=LINEAR)
+    writer, monitor = ciclo.jsonl_logger(tmp_path / "log.jsonl"), ciclo.lr_monitor()
+    callbacks = [writer, monitor] if writer_first else [monitor, writer]
+    ciclo.train_loop(
+        make_state(tx), data(4), {ciclo.on_train_step: train_step}, callbacks=callbacks
+    )
+    with open(tmp_path / "log.jsonl") as file:
+        rows = [json.loads(line) for line in file]
+    lrs = [row.get("learning_rate") for row in rows]
+    np.testing.assert_allclose(lrs, [0.1, 0.075, 0.05, 0.025], rtol=1e-6)
 
 
 def test_lr_monitor_from_a_schedule_in_loop_and_by_hand():

@@ -230,6 +230,97 @@ def test_create_flax_state_logs_avg_loss():
     assert len(history.collect("avg_loss_test")) == 2
 
 
+# -- Framework Support 🧪 -------------------------------------------------------------------
+# The README's MNIST-shaped inputs, (28, 28, 1) pixels in 0..255: the digits images
+# upscaled 3x (24x24) and padded. The README leaves `Accuracy` and `AverageLoss`
+# undefined; they are clu metrics, as in the original's examples/05 (clu's own
+# `Accuracy` here: ciclo hands it `logits` and `labels`).
+IMAGES = np.pad(np.kron(_digits.images, np.ones((3, 3))), ((0, 0), (2, 2), (2, 2)))
+IMAGES = (IMAGES[..., None] * 255.0 / 16.0).astype(np.float32)
+
+
+def image_batches(n, offset=0):
+    return [
+        (IMAGES[(i + offset) * BATCH :][:BATCH], Y[(i + offset) * BATCH :][:BATCH])
+        for i in range(n)
+    ]
+
+
+def framework_state():
+    import flax.linen as nn
+    from clu import metrics
+
+    Accuracy = metrics.Accuracy
+    AverageLoss = metrics.Average.from_output("loss")
+
+    def cross_entropy_loss(preds, target):
+        return optax.softmax_cross_entropy_with_integer_labels(preds, target).mean()
+
+    # -- from here as in the README
+    model = nn.Sequential([
+        lambda x: x.reshape((x.shape[0], -1)) / 255.0,
+        nn.Dense(128),
+        nn.relu,
+        nn.Dense(10),
+    ])  # fmt: skip
+    state = ciclo.create_flax_state(
+        model,
+        inputs=jnp.empty((1, 28, 28, 1)),
+        tx=optax.adamw(1e-3),
+        losses={"loss": cross_entropy_loss},
+        metrics={"accuracy": Accuracy, "avg_loss": AverageLoss},
+        strategy="jit",  # "data-parallel" or "eager"
+    )
+    return state
+
+
+def test_framework_support_create_flax_state_in_train_loop():
+    state = framework_state()
+    train_dataset = image_batches(20)
+
+    def get_test_dataset():
+        return image_batches(3, offset=40)
+
+    state, history, elapsed = ciclo.train_loop(
+        state,  # methods are automatically registered
+        train_dataset,
+        callbacks=[
+            ciclo.keras_bar(total=total_steps),
+        ],
+        test_dataset=lambda: get_test_dataset(),
+        epoch_duration=steps_per_epoch,
+        stop=total_steps,
+    )
+    assert elapsed.steps == total_steps
+    steps, loss, avg_loss, accuracy = history.collect(
+        "steps", "loss", "avg_loss", "accuracy"
+    )
+    assert steps == list(range(total_steps)) and loss[-1] < loss[0]
+    # the stateful metrics accumulate over the epoch (reset at each epoch end)
+    expected = [np.mean(loss[i - i % steps_per_epoch : i + 1]) for i in steps]
+    np.testing.assert_allclose(avg_loss, expected, rtol=1e-5)
+    assert all(0.0 <= a <= 1.0 for a in accuracy)
+    steps, accuracy_test, avg_loss_test = history.collect(
+        "steps", "accuracy_test", "avg_loss_test"
+    )
+    assert steps == [4, 9, 14, 19] and avg_loss_test[-1] < avg_loss_test[0]
+    assert all(0.0 <= a <= 1.0 for a in accuracy_test)
+
+
+def test_framework_support_train_step_by_hand(capsys):
+    state = framework_state()
+    train_dataset = image_batches(5)
+
+    for batch in train_dataset:
+        logs, state = state.train_step(batch)
+        print(f"loss: {logs.losses.loss}")
+
+    printed = capsys.readouterr().out.splitlines()
+    losses = [float(line.removeprefix("loss: ")) for line in printed]
+    assert len(losses) == 5 and losses[-1] < losses[0]
+    assert int(state.step) == 5
+
+
 # -- Manual Iteration --------------------------------------------------------------------
 def test_manual_iteration():
     state = create_state()

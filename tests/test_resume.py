@@ -249,6 +249,9 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.parametrize(
     ("kill", "data", "resumed_from"),
     [
+        # killed at step 3 right after the first save started: the async save is
+        # in flight (its `3.orbax-checkpoint-tmp` is left), no checkpoint complete
+        (3, "factory", {None, 3}),
         (6, "factory", {3, 6}),  # right after the epoch-2 save started
         (2, "list", {None}),  # before any checkpoint completed
     ],
@@ -263,10 +266,13 @@ def test_sigkill_then_one_line_resume_equals_uninterrupted(
         directory.exists()
     ) else []  # fmt: skip
     assert (max(complete) if complete else None) in resumed_from
+    if kill == 3 and not complete:  # the first save was in flight: its leftovers
+        assert "3.orbax-checkpoint-tmp" in os.listdir(directory)
     resumed = run_worker(directory, out, 0, data)
     assert resumed.returncode == 0, resumed.stderr
     if complete and data == "list":
         assert "skipping the first" in resumed.stderr
+    assert not [n for n in os.listdir(directory) if "tmp" in n]  # leftovers removed
     with open(out, "rb") as f:
         result = pickle.load(f)
     assert result["steps"] == uninterrupted["steps"] == worker.STEPS

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -202,31 +203,138 @@ def test_writer_flushes_on_error(tmp_path):
     assert [r["steps"] for r in read_jsonl(tmp_path / "log.jsonl")] == [0, 1, 2, 3]
 
 
-def test_writer_survives_sigint_in_a_subprocess(tmp_path):
-    code = textwrap.dedent(
-        f"""
-        import os, signal, ciclo
-        def step(state, batch, elapsed):
-            if elapsed.steps == 5:
-                os.kill(os.getpid(), signal.SIGINT)
-            return ciclo.logs().add_loss("loss", float(batch)), state
-        c = ciclo.csv_logger({str(tmp_path / "log.csv")!r})
-        _, history, _ = ciclo.loop(None, range(100), {{ciclo.every(1): [step, c]}})
-        print(len(history))
-        """
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
+SIGINT_CHILD = textwrap.dedent(
+    """
+    import itertools, json, os, sys, time
+    import ciclo
+
+    out = sys.argv[1]
+    writers = {
+        "tensorboard": ciclo.tensorboard(os.path.join(out, "tb")),
+        "csv_logger": ciclo.csv_logger(os.path.join(out, "log.csv")),
+        "jsonl_logger": ciclo.jsonl_logger(os.path.join(out, "log.jsonl")),
+    }
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        writers["wandb_logger"] = ciclo.wandb_logger(
+            project="ciclo-test", mode="offline", dir=out
+        )
+
+    def step(state, batch):
+        time.sleep(0.005)
+        return ciclo.logs().add_loss("loss", float(batch)), state
+
+    def ready(state, batch, elapsed):  # once every writer has written rows: SIGINT may come
+        if elapsed.steps >= 5 and all(w.rows_written for w in writers.values()):
+            if not ready.said:
+                ready.said = True
+                print("ready", flush=True)
+
+    ready.said = False
+    data = range(200_000)  # ~17 minutes: the SIGINT ends it
+    tasks = {ciclo.every(1): [step, *writers.values(), ready]}
+    _, history, _ = ciclo.loop(None, data, tasks)
+    print(json.dumps({"steps": history.collect("steps"), "writers": list(writers)}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sigint_run(tmp_path_factory):
+    """One subprocess runs every writer in one loop and gets an external SIGINT
+    mid-loop; returns its output folder and what it committed to its history."""
+    out = tmp_path_factory.mktemp("sigint")
+    env = {**os.environ, "WANDB_SILENT": "true", "WANDB_MODE": "offline"}
+    with subprocess.Popen(
+        [sys.executable, "-c", SIGINT_CHILD, str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
+        env=env,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(ciclo.__file__))),
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    committed = int(result.stdout.split()[-1])
-    rows = read_csv(tmp_path / "log.csv")
-    assert len(rows) == committed >= 5
-    assert [float(r["loss"]) for r in rows] == [float(i) for i in range(committed)]
+    ) as child:
+        try:
+            line = child.stdout.readline()  # blocks until the loop is running
+            assert line.strip() == "ready", line + child.stderr.read()[-2000:]
+            child.send_signal(signal.SIGINT)
+            stdout, stderr = child.communicate(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    assert child.returncode == 0, stderr[-2000:]
+    return out, json.loads(stdout.splitlines()[-1])
+
+
+def wandb_history_steps(run_dir, key):
+    """The steps of the history records logging `key` in an offline run's
+    `run-*.wandb` file (a LevelDB-style log of `wandb_internal_pb2.Record`s)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = run_dir.glob("run-*.wandb")
+    data, block, steps = path.read_bytes(), 32768, []
+    pos, pending = 7, b""  # after the file header (":W&B", magic, version)
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # the block's tail is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                items = {
+                    item.key or "/".join(item.nested_key): item.value_json
+                    for item in record.history.item
+                }
+                if key in items:
+                    steps.append((record.history.step.num, float(items[key])))
+    return steps
+
+
+@pytest.mark.parametrize(
+    "name", ["tensorboard", "csv_logger", "jsonl_logger", "wandb_logger"]
+)
+def test_writer_survives_sigint_in_a_subprocess(sigint_run, name):
+    out, result = sigint_run
+    if name not in result["writers"]:
+        pytest.skip(f"{name}'s optional dependency is not installed")
+    steps = result["steps"]  # the history's rows; the loss logged is the step
+    assert steps == list(range(len(steps))) and len(steps) >= 5
+    committed = [(step, float(step)) for step in steps]
+    if name == "tensorboard":
+        from tensorboard.backend.event_processing.event_accumulator import (
+            EventAccumulator,
+        )
+
+        events = EventAccumulator(str(out / "tb"))
+        events.Reload()
+        on_disk = [(e.step, e.value) for e in events.Scalars("loss")]
+    elif name == "csv_logger":
+        rows = read_csv(out / "log.csv")
+        on_disk = [(int(r["steps"]), float(r["loss"])) for r in rows]
+    elif name == "jsonl_logger":
+        on_disk = [(r["steps"], r["loss"]) for r in read_jsonl(out / "log.jsonl")]
+    else:
+        (run_dir,) = (out / "wandb").glob("offline-run-*")
+        deadline = time.monotonic() + 20  # wandb's service may still be writing
+        while True:
+            on_disk = wandb_history_steps(run_dir, "loss")
+            if len(on_disk) >= len(steps) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    # every committed row is on disk, in order; after them at most the row the
+    # writer saw of the batch the SIGINT cut before it counted (not in the history)
+    assert on_disk[: len(steps)] == committed
+    assert on_disk[len(steps) :] in ([], [(len(steps), float(len(steps)))])
 
 
 def test_wandb_offline_run_holds_the_logged_keys(tmp_path, monkeypatch):

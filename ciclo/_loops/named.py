@@ -8,17 +8,32 @@ import dataclasses
 import difflib
 from typing import Any
 
+from ciclo._schedules.base import And, Schedule, fresh
+
 
 class NamedSchedule(str):
     """A named schedule (`ciclo.on_epoch_end`, ...): the string of its name, usable
     as a task key of the predefined loops, that also composes with a schedule.
 
     `named & schedule` (or `schedule & named`) runs its callbacks where the named
-    schedule runs, on the batches where `schedule(elapsed)` also fires (checked
-    only then); `named.every(n)` runs them on every n-th firing (for
-    `on_epoch_end` / `on_epoch_begin`: every n-th epoch, counted from the first
-    epoch of the run, a resumed run included). `|` and `~` have no meaning for a
-    place in the loop's order and raise a TypeError.
+    schedule runs, on the batches where `schedule` also fires (checked only
+    then); `named.every(n)` runs them on every n-th firing (for `on_epoch_end` /
+    `on_epoch_begin`: every n-th epoch, counted from the first epoch of the run, a
+    resumed run included). `|` and `~` have no meaning for a place in the loop's
+    order and raise a TypeError.
+
+    The ordinary `schedule` is evaluated on the count at that place: the places
+    after the batch's step (`on_epoch_end`, `on_reset_step`, `on_*_batch_end`) see
+    `loop_state.elapsed_after`, the count after the batch — the count that decides
+    epoch ends — so `ciclo.on_epoch_end & ciclo.every(4)` with `epoch_duration=4`
+    fires at every epoch end (4, 8, 12 steps done) and `ciclo.on_epoch_end &
+    ciclo.after(1000)` from the epoch end at which 1000 steps are done; the places
+    up to the step (`on_epoch_begin`, `on_*_batch_begin`, `on_*_step`) see
+    `elapsed`, the count before the batch, as the ordinary task keys do, so
+    `ciclo.on_train_step & ciclo.every(3)` fires on the batches `ciclo.every(3)`
+    does and `ciclo.on_epoch_begin & ciclo.every(4)` at epochs beginning at steps
+    0, 4, 8. A schedule that reads the loop state gets it as is. The callbacks
+    still get `elapsed`, the count before the batch.
 
     Example:
         >>> import ciclo
@@ -29,6 +44,10 @@ class NamedSchedule(str):
         ...     None, range(4), tasks, epochs=4)
         >>> history.collect("steps", "at")  # 4 batches per epoch; epochs 2 and 4
         ([7, 15], [7, 15])
+        >>> tasks = {ciclo.on_epoch_end & ciclo.every(8): log_epoch}  # same epochs
+        >>> _, history, _ = ciclo.train_loop(None, range(4), tasks, epochs=4)
+        >>> history.collect("at")
+        [7, 15]
         >>> late = {ciclo.on_epoch_end & ciclo.after(10): log_epoch}
         >>> _, history, _ = ciclo.train_loop(None, range(4), late, epochs=4)
         >>> history.collect("at")
@@ -45,7 +64,7 @@ class NamedSchedule(str):
         return When(str(self), every=n)
 
     def __and__(self, other: Any) -> When:
-        return When(str(self), schedule=_schedule(self, other))
+        return When(str(self), schedule=_at_place(self, _schedule(self, other)))
 
     def __rand__(self, other: Any) -> When:
         return self & other
@@ -76,6 +95,43 @@ def _schedule(named: str, other: Any) -> Any:
     return other
 
 
+class AtPlace(Schedule):
+    """The ordinary operand of `named & schedule`, evaluated on the count at the
+    named schedule's place: `loop_state.elapsed_after` after the step, else
+    `loop_state.elapsed` (see `NamedSchedule`). It reads the loop state."""
+
+    reads_loop_state = True
+
+    def __init__(self, schedule: Any, after: bool):
+        self.schedule, self.after = schedule, after
+        self._passes_loop_state = bool(getattr(schedule, "reads_loop_state", False))
+
+    def __call__(self, loop_state: Any) -> bool:
+        if self._passes_loop_state:
+            return self.schedule(loop_state)
+        return self.schedule(
+            loop_state.elapsed_after if self.after else loop_state.elapsed
+        )
+
+    def fresh(self) -> AtPlace:
+        return AtPlace(fresh(self.schedule), self.after)
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, AtPlace):
+            return NotImplemented
+        return self.schedule is other.schedule and self.after == other.after
+
+    def __hash__(self) -> int:
+        return hash((id(self.schedule), self.after))
+
+    def __repr__(self) -> str:
+        return repr(self.schedule)
+
+
+def _at_place(name: str, schedule: Any) -> AtPlace:
+    return AtPlace(schedule, after=ALIASES.get(name, name) not in BEFORE_THE_STEP)
+
+
 @dataclasses.dataclass(frozen=True)
 class When:
     """A task key: `name`'s place in the loop, gated by `schedule` and/or `every`."""
@@ -85,11 +141,12 @@ class When:
     every: int | None = None
 
     def __and__(self, other: Any) -> When:
-        from ciclo._schedules.base import And
-
         other = _schedule(self.name, other)
-        schedule = other if self.schedule is None else And(self.schedule, other)
-        return dataclasses.replace(self, schedule=schedule)
+        if isinstance(self.schedule, AtPlace):
+            other = And(self.schedule.schedule, other)
+        elif self.schedule is not None:  # built directly (e.g. train_loop's own)
+            other = And(self.schedule, other)
+        return dataclasses.replace(self, schedule=_at_place(self.name, other))
 
     __rand__ = __and__
 
@@ -112,6 +169,20 @@ on_predict_end = NamedSchedule("on_predict_end")
 on_predict_batch_begin = NamedSchedule("on_predict_batch_begin")
 on_predict_step = NamedSchedule("on_predict_step")
 on_predict_batch_end = NamedSchedule("on_predict_batch_end")
+
+# The places that run up to the batch's step: a schedule composed with them sees the
+# count before the batch; the others see the count after it (`NamedSchedule`).
+BEFORE_THE_STEP = frozenset(
+    {
+        on_epoch_begin,
+        on_train_batch_begin,
+        on_train_step,
+        on_test_batch_begin,
+        on_test_step,
+        on_predict_batch_begin,
+        on_predict_step,
+    }
+)
 
 # Short names accepted wherever a named schedule is, and looked up on states and
 # callbacks for self-registration (`def train_step(self, batch)` on a state class).

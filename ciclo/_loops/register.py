@@ -24,10 +24,18 @@ def as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
+# A `callbacks` object with this attribute true registers, at each of its places,
+# before the other `callbacks` objects: a monitor that only adds entries to the
+# step's logs (`lr_monitor`), so the writers and bars beside it, in any order, see
+# them in the same step.
+FIRST = "__loop_register_first__"
+
+
 def register(table: Table, state: Any, tasks: Any, callbacks: Any):
     """Callbacks per named schedule: the state's class methods, then `tasks`, then
-    the `callbacks` objects' attributes (on the loop's own names only); and the
-    ordinary `(schedule, callbacks)` pairs of `tasks`."""
+    the `callbacks` objects' attributes (on the loop's own names only; in list
+    order, those with a true `__loop_register_first__` first); and the ordinary
+    `(schedule, callbacks)` pairs of `tasks`."""
     named: dict[str, list[Any]] = {name: [] for name in table.names}
     for name in table.names:
         for attribute in aliases_of(name):
@@ -47,6 +55,8 @@ def register(table: Table, state: Any, tasks: Any, callbacks: Any):
             named[resolve(table, key.name)].append(Gated(key, as_list(value)))
         else:
             ordinary.append((key, value))
+    first: dict[str, list[Any]] = {}
+    later: dict[str, list[Any]] = {}
     for i, callback in enumerate(as_list(callbacks)):
         if inspect.isclass(callback):
             raise TypeError(
@@ -72,9 +82,12 @@ def register(table: Table, state: Any, tasks: Any, callbacks: Any):
                 f"so it cannot register itself.{hint} Otherwise put it in `tasks` "
                 f"with a schedule, e.g. {{ciclo.every(1): [callback]}}."
             )
+        where = first if getattr(callback, FIRST, False) else later
         for name in table.own:
             for attribute in aliases_of(name):
                 method = getattr(callback, attribute, None)
                 if method is not None:
-                    named[name].append(method)
+                    where.setdefault(name, []).append(method)
+    for name in table.own:
+        named[name] += [*first.get(name, ()), *later.get(name, ())]
     return named, ordinary

@@ -12,7 +12,10 @@ back silently), combined as `AnyPreservationPolicy([LatestN(1), BestN(keep)])`.
 
 A directory is one timeline: saving step `s` first deletes checkpoints at steps
 `>= s` left there by an earlier run (with a warning), then saves; earlier steps are
-kept and take part in retention, so a resumed run continues its directory.
+kept and take part in retention, so a resumed run continues its directory. A
+directory holding a step folder ciclo did not write (no `elapsed` item, e.g.
+`7/weights.bin`) is refused with a ValueError before anything in it is read or
+deleted.
 
 A managed state (`ManagedState`, `FlaxState`) is saved in its single-device host
 layout and restored into the target's strategy, so a checkpoint saved under one
@@ -107,8 +110,11 @@ def restore(
         `(state, elapsed)`.
 
     Raises:
-        ValueError: if there is no checkpoint, no such step, or `best=True` and the
-            checkpoints were saved without `monitor`.
+        ValueError: if there is no checkpoint, no such step, `best=True` and the
+            checkpoints were saved without `monitor`, the directory holds step
+            folders ciclo did not write, or `target_state` does not have the
+            structure or shapes of the saved state (the message names the
+            differing paths).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, ciclo
@@ -252,6 +258,7 @@ class checkpoint:
         self._manager: ocp.CheckpointManager | None = None
         self._saved: set[int] = set()
         self._unranked = self._fresh = False  # this loop's saves, with monitor
+        self._returned: Elapsed | None = None  # what the last loop it ran in returned
 
     # -- registration -----------------------------------------------------------
     @property
@@ -272,12 +279,16 @@ class checkpoint:
     ) -> None:
         """Saves `state` by hand, after training it on the batch `elapsed` came with.
 
-        The checkpoint records the batches trained into `state`. By default
-        `elapsed` is the one `ciclo.elapse` gave with the batch just trained on
-        (counted before it), so the checkpoint records `elapsed.steps + 1`. An
-        `elapsed` that already counts every consumed batch — the one a loop
-        returned, `loop_state.elapsed_after`, or a restored one — is passed with
-        `consumed=True` and recorded as it is.
+        The checkpoint records the batches trained into `state`. The rule: by
+        default `elapsed` is the one `ciclo.elapse` gave with the batch just
+        trained on (counted before it), so the checkpoint records
+        `elapsed.steps + 1`. An `elapsed` that already counts every consumed
+        batch — the one a loop returned, `ciclo.iterate`'s,
+        `loop_state.elapsed_after`, or a restored one — is passed with
+        `consumed=True` and recorded as it is. The one exception is detected:
+        the very `Elapsed` returned by a loop this checkpoint ran in is recorded
+        as is, with a warning to pass `consumed=True` (a checkpoint that did not
+        run in the loop cannot tell, and records `elapsed.steps + 1`).
 
         Args:
             elapsed: the `Elapsed` from `ciclo.elapse` for that batch; the checkpoint
@@ -308,6 +319,18 @@ class checkpoint:
         if not isinstance(consumed, bool):
             raise TypeError(
                 f"checkpoint: `consumed` must be True or False, got {consumed!r}."
+            )
+        if not consumed and self._returned is not None and elapsed is self._returned:
+            consumed = True
+            warnings.warn(
+                f"ciclo.checkpoint: ckpt(elapsed, state) was given the `elapsed` "
+                f"the loop returned (this checkpoint ran in that loop), which "
+                f"already counts the loop's last batch: recorded as step "
+                f"{elapsed.steps}, not {elapsed.steps + 1}. Say so with "
+                f"ckpt(elapsed, state, consumed=True); without it a checkpoint that "
+                f"did not run in the loop records elapsed.steps + 1 (the rule for "
+                f"ciclo.elapse's before-the-batch `elapsed`).",
+                stacklevel=2,
             )
         if consumed and batch is not None:
             raise ValueError(
@@ -373,6 +396,8 @@ class checkpoint:
         """Waits for the background saves (called once when the loop ends); with
         `monitor`, raises if the monitored entry was never logged in the loop."""
         self.close()
+        # the loop returns this very object: recognised if passed back by hand
+        self._returned = loop_state.elapsed_after
         unranked, fresh = self._unranked, self._fresh
         self._unranked = self._fresh = False
         if unranked and not fresh and self.monitor is not None:
@@ -400,6 +425,7 @@ class checkpoint:
         stale = [s for s in manager.all_steps() if s >= step]
         if stale:
             manager.wait_until_finished()
+            _orbax.check_layout(manager, stale)  # never delete what is not ours
             foreign = [s for s in stale if s not in self._saved]
             if foreign:
                 warnings.warn(
@@ -453,7 +479,7 @@ class checkpoint:
                         ),
                     ]
                 )
-            self._manager = _orbax.manager(
+            manager = _orbax.manager(
                 self.directory,
                 preservation_policy=policy,
                 # best_fn makes orbax write the metrics; retention is `policy`.
@@ -461,6 +487,12 @@ class checkpoint:
                 best_mode="max",
                 enable_async_checkpointing=self.async_save,
             )
+            try:  # before retention or a timeline cut could delete them
+                _orbax.check_layout(manager)
+            except BaseException:
+                manager.close()
+                raise
+            self._manager = manager
             _track(self)
         return self._manager
 

@@ -31,11 +31,16 @@ class lr_monitor(LoopElement):
     Either way the value is a device array logged as is (no host sync); writers and
     bars read it lagged.
 
-    In `ciclo.train_loop(callbacks=[...])` it runs on `on_train_step`, right after
-    the state's own train step, so the writers that run on `on_train_batch_end` see
-    it. In `ciclo.loop` put it after the train step (`{ciclo.every(1):
-    [train_step, ciclo.lr_monitor()], **writer}`). By hand: `logs = lr(state,
-    elapsed)`.
+    Either form logs, at step `k`, the rate step `k` used. In
+    `ciclo.train_loop(callbacks=[...])` it runs on `on_train_batch_end`, after the
+    train step however that is scheduled (`ciclo.on_train_step`, the ordinary
+    `{ciclo.every(1): train_step}`, a spread `{**managed_step}`), so it never reads
+    the optimizer state from before the update; there it runs before the other
+    `callbacks` objects, so the writers and bars beside it show it in the same
+    step whatever their order in `callbacks`. In
+    `ciclo.loop` put it after the train step (`{ciclo.every(1): [train_step,
+    ciclo.lr_monitor()], **writer}`). By hand: `logs = lr(state, elapsed)`, with the
+    state after the step.
 
     Args:
         schedule: an optax schedule `step -> learning rate`; None reads the
@@ -83,9 +88,13 @@ class lr_monitor(LoopElement):
         self.hyperparam = hyperparam
         self._index: int | None = None  # the found state's position among the leaves
 
+    # registers before the other `callbacks` objects (the writers that read it)
+    __loop_register_first__ = True
+
     @property
-    def on_train_step(self) -> lr_monitor:
-        """The monitor itself: in `train_loop` it runs right after the train step."""
+    def on_train_batch_end(self) -> lr_monitor:
+        """The monitor itself: in `train_loop` it runs at the end of each batch,
+        after the train step, whatever schedule runs that."""
         return self
 
     def learning_rate(self, state: Any, elapsed: Any = None) -> Any:

@@ -7,7 +7,9 @@ batches trained into the state, with three items: `state` (the pytree,
 their raw bytes so values come back bit for bit; checkpoints written before ciclo
 saved it have no `history` item and restore an empty one). Orbax writes a step into a
 temporary directory and renames it when complete, so a step killed mid-write is
-never listed, and the next run's manager removes its leftovers. Checkpoints
+never listed, and the next run's manager removes its leftovers. A step folder without
+the `elapsed` item was not written by ciclo: a directory holding one is refused
+(`check_layout`) before anything is read from it or deleted in it. Checkpoints
 saved with a monitor carry orbax metrics `{"score", "value", "monitor", "mode"}`,
 `score` oriented so that higher is better.
 
@@ -41,6 +43,7 @@ from ciclo._time import Elapsed
 
 __all__ = [
     "ITEMS",
+    "check_layout",
     "elapsed_json",
     "history_from_json",
     "history_json",
@@ -80,6 +83,44 @@ def manager(directory: epath.Path, **options: Any) -> ocp.CheckpointManager:
         directory,
         item_names=ITEMS,
         options=ocp.CheckpointManagerOptions(**options),
+    )
+
+
+def _listing(folder: epath.Path, limit: int = 5) -> str:
+    """The first `limit` names in `folder`, sorted (for an error message)."""
+    try:
+        names = sorted(p.name for p in folder.iterdir())
+    except OSError:
+        return "[?]"
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{names[:limit]}{more}"
+
+
+def foreign_steps(directory: epath.Path, steps: Any) -> list[int]:
+    """The step folders among `steps` that ciclo did not write (no `elapsed` item)."""
+    return [s for s in steps if not (directory / str(s) / "elapsed").exists()]
+
+
+def check_layout(mngr: ocp.CheckpointManager, steps: Any = None) -> None:
+    """Refuses a directory whose step folders are not ciclo checkpoints.
+
+    Raises:
+        ValueError: naming the directory, the foreign step folders and what the
+            first one holds.
+    """
+    directory = epath.Path(mngr.directory)
+    foreign = foreign_steps(directory, mngr.all_steps() if steps is None else steps)
+    if not foreign:
+        return
+    shown = ", ".join(f"{s}/" for s in foreign[:3]) + (
+        f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    )
+    raise ValueError(
+        f"{directory} holds step folders that are not ciclo checkpoints: {shown} "
+        f"({foreign[0]}/ holds {_listing(directory / str(foreign[0]))}; a ciclo "
+        f"checkpoint holds the items 'state' and 'elapsed'). ciclo neither reads "
+        f"nor deletes them: give ciclo.checkpoint / ciclo.restore / resume= a "
+        f"directory of its own (a new or empty one), or move those folders out."
     )
 
 
@@ -205,6 +246,7 @@ def restore_from(
     where = mngr.directory
     if not steps:
         raise ValueError(f"No checkpoint to restore in {where}.")
+    check_layout(mngr, steps)
     if step is not None:
         if step not in steps:
             raise ValueError(
@@ -235,7 +277,15 @@ def restore_from(
             ocp.utils.to_shape_dtype_struct, select(host, saved_items)
         )
         state_args = ocp.args.StandardRestore([abstract] if wrapped else abstract)
-    state = mngr.restore(step, args=ocp.args.Composite(state=state_args))["state"]
+    if host is not None:  # checked first: orbax's own error is many lines
+        _check_fits(mngr, step, target_state, select(host, saved_items), wrapped)
+    try:
+        state = mngr.restore(step, args=ocp.args.Composite(state=state_args))
+    except (ValueError, TypeError, KeyError):
+        if host is not None:  # a difference the metadata did not show first
+            _check_fits(mngr, step, target_state, select(host, saved_items), wrapped)
+        raise
+    state = state["state"]
     state = state[0] if wrapped else state
     if saved_items is not None and host is not None:  # the rest is the target's
         state = put(host, state)
@@ -250,6 +300,87 @@ def restore_from(
             step, args=ocp.args.Composite(history=ocp.args.JsonRestore())
         )["history"]
     return state, elapsed, history_from_json(saved)
+
+
+def _key(entry: Any) -> str:
+    """A key path entry as a name: dict key, attribute, or index."""
+    for attribute in ("key", "name", "idx"):
+        if hasattr(entry, attribute):
+            return str(getattr(entry, attribute))
+    return str(entry)
+
+
+def _paths(tree: Any) -> dict[str, Any]:
+    """`{'a/b': leaf}` over the leaves of `tree` ('' for a bare leaf)."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {"/".join(_key(k) for k in path): leaf for path, leaf in leaves}
+
+
+def _names(paths: list[str], limit: int = 5) -> str:
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return f"{[p or '(the root)' for p in paths[:limit]]}{more}"
+
+
+def _check_fits(
+    mngr: ocp.CheckpointManager,
+    step: int,
+    target_state: Any,
+    target: Any,
+    wrapped: bool,
+) -> None:
+    """Raises a one-line ValueError when the state saved at `step` does not have
+    the structure or shapes of `target` (the target's host layout)."""
+    mismatch = _mismatch(epath.Path(mngr.directory) / str(step), target, wrapped)
+    if mismatch is None:
+        return
+    raise ValueError(
+        f"ciclo.restore: the checkpoint at step {step} in {mngr.directory} does not "
+        f"fit `target_state` ({type(target_state).__name__}): {mismatch}. Pass a "
+        f"target_state built like the saved state (same model, optimizer and "
+        f"fields), or target_state=None to get the saved pytree as it is."
+    ) from None
+
+
+def _mismatch(folder: epath.Path, target: Any, wrapped: bool) -> str | None:
+    """How the state saved in `folder` differs from `target` (one line), or None
+    when no difference in structure or shape is found."""
+    handler = ocp.StandardCheckpointHandler()
+    try:
+        saved = handler.metadata(folder / "state")
+    except Exception:  # no readable metadata: leave it to orbax
+        return None
+    finally:
+        handler.close()
+    saved = getattr(saved, "tree", saved)
+    if wrapped and isinstance(saved, list | tuple) and len(saved) == 1:
+        saved = saved[0]
+    saved_paths, target_paths = _paths(saved), _paths(target)
+    missing = [p for p in target_paths if p not in saved_paths]
+    extra = [p for p in saved_paths if p not in target_paths]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(
+                f"in `target_state` but not in the checkpoint: {_names(missing)}"
+            )
+        if extra:
+            parts.append(f"only in the checkpoint: {_names(extra)}")
+        return "the structure differs; " + "; ".join(parts)
+    shapes = []
+    for name, leaf in target_paths.items():
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+            continue  # a typed PRNG key is saved as its key data (another shape)
+        want = tuple(getattr(leaf, "shape", np.shape(leaf)))
+        have = getattr(saved_paths[name], "shape", None)
+        if have is not None and tuple(have) != want:
+            shapes.append(
+                f"{name or '(the root)'!r}: saved {tuple(have)}, target {want}"
+            )
+    if shapes:
+        more = f" and {len(shapes) - 3} more" if len(shapes) > 3 else ""
+        return f"the shape differs at {'; '.join(shapes[:3])}{more}"
+    return None
 
 
 # -- the history item ---------------------------------------------------------------
