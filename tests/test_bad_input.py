@@ -211,6 +211,13 @@ def test_uncalled_callback_class_or_factory_in_a_task_list(name):
         ciclo.train_loop(0, [1], {ciclo.on_train_batch_end: [_step, uncalled]})
 
 
+def test_spreading_an_uncalled_bar_class_names_the_fix():
+    for bar in (ciclo.keras_bar, ciclo.tqdm_bar):
+        with pytest.raises(TypeError, match=r"build one first.*\(\.\.\.\)\}"):
+            ciclo.loop(0, [1], {ALWAYS: _step, **bar})
+    assert len({**ciclo.keras_bar()}) == 1  # an instance spreads
+
+
 def test_metric_name_clash_between_the_step_and_the_test_loop():
     class State(int):
         def train_step(self, batch):

@@ -400,7 +400,7 @@ def _test_loops(
             )
         return [Gated(When(NESTED, every=test_every), loops)]
     if callable(test_every):
-        return [Gated(When(NESTED, schedule=test_every), loops)]
+        return [Gated(When(NESTED) & test_every, loops)]  # sees elapsed_after
     raise TypeError(
         f"train_loop: `test_every` must be an int (every n epochs) or a schedule "
         f"evaluated at the epoch ends (e.g. ciclo.after(1000)), got {test_every!r} "

@@ -16,6 +16,30 @@ from typing import Any
 __all__ = ["LoopElement"]
 
 
+class _OnInstances:
+    """A method of callback instances; read from the class (`{**ciclo.keras_bar}`,
+    the class not called) it raises an error that names the fix."""
+
+    def __init__(self, method: Any):
+        self.method = method
+
+    def __get__(self, obj: Any, cls: type) -> Any:
+        if obj is not None:
+            return self.method.__get__(obj, cls)
+        import ciclo
+
+        name = cls.__name__
+        name = f"ciclo.{name}" if getattr(ciclo, name, None) is cls else name
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise TypeError(
+                f"{{**{name}}} spreads the class {name}, not a callback: build one "
+                f"first, e.g. {{**{name}(...)}}."
+            )
+
+        return refuse
+
+
 class LoopElement:
     """Mixin for callbacks that can be spread with `**` into a loop's task dict.
 
@@ -36,6 +60,7 @@ class LoopElement:
 
         return every(1)
 
+    @_OnInstances
     def keys(self) -> list[Any]:
         return [self.default_schedule()]
 
