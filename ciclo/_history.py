@@ -594,6 +594,18 @@ def _fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
     others: list[Any] = []
     plans = []
     for values in groups:
+        first = values[0]
+        dtype = getattr(first, "dtype", None)
+        if (
+            type(first) is _ArrayImpl
+            and first.ndim == 0
+            and first.dtype.kind in "iuf"
+            and all(type(v) is _ArrayImpl and v.dtype == dtype for v in values)
+        ):  # the common column: device scalars (a shape mismatch is caught below)
+            bucket = scalars.setdefault(dtype, [])
+            plans.append([["scalar", dtype, len(bucket), len(values)]])
+            bucket.extend(values)
+            continue
         plan: list[list[Any]] = []  # [kind, source, start, count] runs
         for v in values:
             kind = type(v)
@@ -649,8 +661,8 @@ def _stacked_scalars(values: list[jax.Array]) -> np.ndarray | list[Any]:
     size = 1 << (len(values) - 1).bit_length()  # few shapes, few compiles
     try:
         stacked = _stack(*values, *[values[0]] * (size - len(values)))
-    except ValueError:  # committed to different devices
-        return list(jax.device_get(values))
+    except (TypeError, ValueError):  # not all scalars, or on different devices
+        return _to_host(values)
     return np.asarray(jax.device_get(stacked))[: len(values)]
 
 
