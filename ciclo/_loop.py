@@ -64,6 +64,7 @@ class LoopState:
     __slots__ = (
         "_borrowed",
         "_committed",
+        "_data",
         "batch",
         "elapsed",
         "elapsed_after",
@@ -81,12 +82,21 @@ class LoopState:
         self.history, self.logs, self.metadata = history, logs, metadata
         self._committed = Logs()
         self._borrowed = None  # a callback's Logs taken as the batch's logs
+        self._data = None  # the iterator the batches come from
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
 
     @property
     def accumulated_logs(self) -> Logs:
         return Logs(self._committed).merge(self.logs)
+
+    def data_state(self) -> Any:
+        """The position of the data after the current batch, when the batches come
+        from a checkpointable iterator (`get_state()`/`set_state()`, as Grain's):
+        its `get_state()`; else None. `ciclo.checkpoint` saves it, and a resumed
+        run hands it to the new iterator's `set_state` instead of skipping."""
+        get_state = getattr(self._data, "get_state", None)
+        return None if get_state is None else get_state()
 
     def stop_after_batch(self) -> None:
         """Ends the loop at the end of the current batch: the batch's remaining
@@ -370,10 +380,10 @@ def loop(
             f"ciclo.restore), got {short(elapsed)} ({type(elapsed).__name__}). To "
             f"start counting at step n use ciclo.Elapsed.create(steps=n)."
         )
-    state, history, elapsed, skip = prepare(
+    state, history, elapsed, start_at = prepare(
         [*tasks.values(), on_start, on_end], state, history, elapsed
     )
-    dataset = position(dataset, elapsed, skip, "ciclo.loop")
+    dataset = position(dataset, elapsed, start_at, "ciclo.loop")
     try:
         iterator = iter(dataset)
     except TypeError:
@@ -392,6 +402,7 @@ def loop(
             limit = max(stop_period.steps - initial.steps, 0)
         iterator = fuse(iterator, steps_per_call, batch_size_fn, limit)
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
+    ls._data = iterator
     run = _Run(ls, plan, start, stop_period, batch_size_fn)
     try:
         run.batches(iterator)

@@ -14,17 +14,68 @@ This module imports nothing heavy; the checkpoint callback brings orbax.
 
 from __future__ import annotations
 
+import base64
 import inspect
 import warnings
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ciclo._history import History
 from ciclo._time import Elapsed, short
 
-__all__ = ["is_factory", "position", "prepare"]
+__all__ = [
+    "Start",
+    "checkpointable",
+    "data_state_from_json",
+    "data_state_to_json",
+    "is_factory",
+    "position",
+    "prepare",
+]
+
+
+class Start(NamedTuple):
+    """Where a resumed run's data starts: the batches the restored state already
+    consumed, and the data iterator's saved state (None when none was saved)."""
+
+    batches: int = 0
+    data: Any = None
+
+
+def checkpointable(iterator: Any) -> bool:
+    """An iterator that can save and restore its position: `get_state()` and
+    `set_state(state)`, as Grain's `DatasetIterator` (a dict state) and
+    `DataLoader` iterators (a bytes state)."""
+    return callable(getattr(iterator, "get_state", None)) and callable(
+        getattr(iterator, "set_state", None)
+    )
+
+
+def data_state_to_json(state: Any) -> Any:
+    """A data iterator's state as JSON: numpy numbers as Python ones, bytes as a
+    `{"__bytes__": base64}` object."""
+    if isinstance(state, bytes):
+        return {"__bytes__": base64.b64encode(state).decode("ascii")}
+    if isinstance(state, Mapping):
+        return {str(k): data_state_to_json(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return [data_state_to_json(v) for v in state]
+    if isinstance(state, np.generic | np.ndarray):
+        return state.tolist()
+    return state
+
+
+def data_state_from_json(obj: Any) -> Any:
+    """The inverse of `data_state_to_json` (lists stay lists)."""
+    if isinstance(obj, Mapping):
+        if set(obj) == {"__bytes__"}:
+            return base64.b64decode(obj["__bytes__"])
+        return {k: data_state_from_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [data_state_from_json(v) for v in obj]
+    return obj
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -35,16 +86,19 @@ def _as_list(value: Any) -> list[Any]:
 
 def prepare(
     groups: Iterable[Any], state: Any, history: History | None, elapsed: Any
-) -> tuple[Any, History | None, Any, int]:
+) -> tuple[Any, History | None, Any, Start]:
     """Runs the resume hooks of the callbacks in `groups` (lists or single ones).
 
+    A hook returns None, `(state, history, elapsed)`, or with a fourth element
+    the data iterator's saved state.
+
     Returns:
-        `(state, history, elapsed, skip)`: `skip` is how many batches of a plain
-        iterable dataset the restored state already consumed (0 when no hook
-        restored anything).
+        `(state, history, elapsed, start)`: `start.batches` is how many batches of
+        a plain iterable dataset the restored state already consumed (0 when no
+        hook restored anything), `start.data` the saved iterator state, if any.
     """
     seen: set[int] = set()
-    skip = 0
+    start = Start()
     for group in groups:
         for callback in _as_list(group):
             owner = (
@@ -59,10 +113,10 @@ def prepare(
             restored = hook(state, history, elapsed)
             if restored is None:
                 continue
-            start = 0 if elapsed is None else int(elapsed.steps)
-            state, history, elapsed = restored
-            skip = max(0, int(elapsed.steps) - start)
-    return state, history, elapsed, skip
+            before = 0 if elapsed is None else int(elapsed.steps)
+            state, history, elapsed, *data = restored
+            start = Start(max(0, int(elapsed.steps) - before), *data)
+    return state, history, elapsed, start
 
 
 def is_factory(dataset: Any) -> bool:
@@ -70,9 +124,11 @@ def is_factory(dataset: Any) -> bool:
     return callable(dataset) and not isinstance(dataset, Iterable)
 
 
-def position(dataset: Any, elapsed: Elapsed | None, skip: int, where: str) -> Any:
-    """The data from the start step: a factory called with `elapsed.steps`, or a
-    plain iterable advanced by `skip` batches (with a warning)."""
+def position(dataset: Any, elapsed: Elapsed | None, start_at: Start, where: str) -> Any:
+    """The data from the start step: a factory called with `elapsed.steps`; a
+    checkpointable iterator (Grain's) given the saved state; else a plain iterable
+    advanced by `start.batches` batches (with a warning)."""
+    skip = start_at.batches
     start = 0 if elapsed is None else int(elapsed.steps)
     if is_factory(dataset):
         try:
@@ -90,6 +146,12 @@ def position(dataset: Any, elapsed: Elapsed | None, skip: int, where: str) -> An
         return dataset(start)
     if skip <= 0 or not isinstance(dataset, Iterable):
         return dataset
+    if start_at.data is not None:
+        iterator = iter(dataset)
+        if checkpointable(iterator):
+            iterator.set_state(data_state_from_json(start_at.data))
+            return iterator
+        dataset = iterator  # the state was saved by another kind of data: skip
     if isinstance(dataset, Sequence | np.ndarray):  # indexable: nothing is consumed
         return (dataset[i] for i in range(skip, len(dataset)))
     warnings.warn(

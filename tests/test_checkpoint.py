@@ -202,6 +202,84 @@ def test_waits_for_async_save_when_the_loop_fails(tmp_path):
     assert finished_steps(tmp_path) == [1]
 
 
+class Opaque:
+    """A state orbax cannot save."""
+
+    def train_step(self, batch):
+        return ciclo.logs().add_loss("loss", 1.0), self
+
+    def test_step(self, batch):
+        return ciclo.logs().add_metric("acc", 1.0)
+
+
+def test_a_failing_loop_raises_its_own_error_not_the_unlogged_monitor(tmp_path):
+    # the first epoch end (no test yet) saves unranked and orbax refuses the state:
+    # that error propagates alone, not under "the monitored metric was not logged"
+    ckpt = ciclo.checkpoint(tmp_path, monitor="acc_test", async_save=False)
+    with pytest.raises(ValueError, match="Unsupported type") as info:
+        ciclo.train_loop(
+            Opaque(), [1.0], test_dataset=lambda: [0], epochs=2, test_every=2,
+            callbacks=[ckpt],
+        )  # fmt: skip
+    assert "not logged" not in str(info.value)
+    assert info.value.__context__ is None  # not raised while handling another
+
+
+def test_an_error_after_an_unranked_save_is_not_masked(tmp_path):
+    def fail(state, batch, elapsed):
+        if elapsed.steps == 1:
+            raise RuntimeError("boom")
+
+    ckpt = ciclo.checkpoint(tmp_path, monitor="accuracy_test", mode="max")
+    with pytest.raises(RuntimeError, match="boom") as info:
+        ciclo.loop(
+            {"x": jnp.int32(0)},
+            range(3),
+            {ciclo.every(1): [scored([1, 2, 3]), ckpt, fail]},
+        )
+    assert info.value.__context__ is None
+    assert finished_steps(tmp_path) == [2]  # the pending save finished
+    # a loop that ends normally still names the metric that never appeared
+    with pytest.raises(ValueError, match="'accuracy_test' was not logged"):
+        ciclo.loop(
+            {"x": jnp.int32(0)}, range(2), {ciclo.every(1): [scored([1, 2]), ckpt]}
+        )
+
+
+def test_a_save_failing_at_the_end_of_a_failing_loop_only_warns(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+    close = ckpt.close
+
+    def failing_close():
+        close()
+        raise OSError("disk full")
+
+    def fail(state, batch, elapsed):
+        raise RuntimeError("boom")
+
+    ckpt.close = failing_close
+    with (
+        pytest.warns(UserWarning, match="failed while the loop was ending with Run"),
+        pytest.raises(RuntimeError, match="boom") as info,
+    ):
+        ciclo.loop({"x": jnp.ones(())}, range(3), {ciclo.every(1): [ckpt, fail]})
+    assert info.value.__context__ is None
+    del ckpt.close
+    ckpt.close()
+
+
+def test_a_loop_run_while_handling_an_error_still_checks_the_monitor(tmp_path):
+    # the error being handled around the loop is not the loop's: the check runs
+    ckpt = ciclo.checkpoint(tmp_path, monitor="accuracy_test", mode="max")
+    try:
+        raise KeyError("outer")
+    except KeyError:
+        with pytest.raises(ValueError, match="'accuracy_test' was not logged"):
+            ciclo.loop(
+                {"x": jnp.int32(0)}, range(2), {ciclo.every(1): [scored([1, 2]), ckpt]}
+            )
+
+
 def test_a_directory_from_an_earlier_run_is_one_timeline(tmp_path):
     first = ciclo.checkpoint(tmp_path, keep=3)
     ciclo.loop(

@@ -1,6 +1,8 @@
 """checkpoint(items=...): part of the state; monitored checkpoints ranked only by
 fresh values; the by-hand rule for an `elapsed` that already counts the batch."""
 
+import logging
+
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -98,6 +100,72 @@ def test_stale_only_checkpoints_are_kept_as_latest_not_as_best(tmp_path):
     )  # fmt: skip
     # tested only at the first epoch end (1 step done; after(2) not yet reached)
     assert ckpt.best_step() == 1 and ckpt.latest_step() == 4
+
+
+def test_unranked_saves_do_not_make_orbax_warn(tmp_path, caplog):
+    def train_step(state, batch):
+        return {"w": state["w"] + batch}
+
+    def test_step(state, batch):
+        return ciclo.logs().add_metric("acc", state["w"])
+
+    ckpt = ciclo.checkpoint(tmp_path, monitor="acc_test", mode="max", async_save=False)
+    with caplog.at_level(logging.WARNING):
+        ciclo.train_loop(
+            {"w": jnp.zeros(())}, [1.0, 1.0],
+            {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
+            test_dataset=lambda: [0], epochs=4, test_every=2, callbacks=[ckpt],
+        )  # fmt: skip
+    # epochs end at steps 2 (unranked), 4 (acc 4), 6 (unranked), 8 (acc 8)
+    assert not [r for r in caplog.records if "tracked_metric" in r.getMessage()]
+    assert ckpt.steps() == [8] and ckpt.best_step() == 8
+
+
+def test_unranked_checkpoints_are_not_ranked_nor_kept_as_best(tmp_path):
+    scores = iter([0.5, 0.7])
+
+    def eval_step(state, batch):
+        return ciclo.logs().add_metric("score", next(scores))
+
+    ckpt = ciclo.checkpoint(tmp_path, monitor="score_test", mode="max", keep=2)
+    ciclo.train_loop(
+        jnp.array(0), range(7), {ciclo.on_train_step: lambda s, b: s + b,
+                                 ciclo.on_test_step: eval_step},
+        test_dataset=lambda: [0], epoch_duration=1, test_every=3,
+        callbacks=[ckpt],
+    )  # fmt: skip
+    # tested at steps 3 (0.5) and 6 (0.7); 1, 2, 4, 5 and 7 are unranked
+    assert ckpt.steps() == [3, 6, 7]  # the two best, and the latest
+    assert ckpt.best_step() == 6
+    _, elapsed = ciclo.restore(tmp_path, jnp.array(0), best=True)
+    assert elapsed.steps == 6
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_ties_keep_the_earliest_best_as_keras_does(tmp_path, mode):
+    # Keras' ModelCheckpoint(save_best_only) and Lightning keep the first of equal
+    # best values (only a strict improvement replaces the best)
+    values = [0.5, 0.9, 0.9, 0.9, 0.1] if mode == "max" else [0.5, 0.2, 0.2, 0.9]
+
+    def step(state, batch, elapsed):
+        return ciclo.logs().add_metric("score", values[elapsed.steps]), state + 1
+
+    ckpt = ciclo.checkpoint(tmp_path, monitor="score", mode=mode, keep=1)
+    ciclo.loop(jnp.array(0), range(len(values)), {ciclo.every(1): [step, ckpt]})
+    # the first best is after batch 1: step 2; the latest is kept beside it
+    assert ckpt.steps() == [2, len(values)]
+    assert ckpt.best_step() == 2
+    _, elapsed = ckpt.restore(jnp.array(0), best=True)
+    assert elapsed.steps == 2
+
+
+def test_a_tie_with_the_latest_keeps_the_earliest_as_best(tmp_path):
+    def step(state, batch, elapsed):
+        return ciclo.logs().add_metric("score", [0.3, 0.8, 0.8][elapsed.steps]), state
+
+    ckpt = ciclo.checkpoint(tmp_path, monitor="score", mode="max", keep=1)
+    ciclo.loop(jnp.array(0), range(3), {ciclo.every(1): [step, ckpt]})
+    assert ckpt.steps() == [2, 3] and ckpt.best_step() == 2
 
 
 def test_by_hand_consumed_records_the_loops_elapsed_as_is(tmp_path):

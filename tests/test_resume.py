@@ -7,6 +7,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -283,3 +284,68 @@ def test_sigkill_then_one_line_resume_equals_uninterrupted(
         ):  # fmt: skip
             np.testing.assert_array_equal(x, y, strict=True)
     assert result["rows"] == uninterrupted["rows"]
+
+
+class GrainLikeIterator:
+    """A checkpointable iterator with Grain's protocol (`get_state() -> dict`,
+    `set_state(dict)`), counting the batches it produces; `encode` gives the
+    bytes state of Grain's DataLoader iterators instead."""
+
+    def __init__(self, batches, encode=False):
+        self.batches, self.index, self.produced, self.encode = batches, 0, 0, encode
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.index >= len(self.batches):
+            raise StopIteration
+        self.index += 1
+        self.produced += 1
+        return self.batches[self.index - 1]
+
+    def get_state(self):
+        state = {"next_index": np.int64(self.index), "epoch": 0}
+        return pickle.dumps(state) if self.encode else state
+
+    def set_state(self, state):
+        state = pickle.loads(state) if self.encode else state
+        self.index = int(state["next_index"])
+
+
+@pytest.mark.parametrize("encode", [False, True], ids=["dict_state", "bytes_state"])
+def test_a_checkpointable_iterator_resumes_from_its_saved_state(tmp_path, encode):
+    # killed after 6 steps (saves at the epoch ends 3 and 6); resumed with a NEW
+    # iterator at position 0: set_state puts it at batch 6, nothing is skipped
+    first = GrainLikeIterator(worker.TRAIN, encode)
+    ciclo.train_loop(
+        worker.init_state(), first, TASKS, stop=6, resume=tmp_path, **KWARGS
+    )
+    fresh = GrainLikeIterator(worker.TRAIN, encode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "skipping ... batches" warning
+        resumed = ciclo.train_loop(
+            worker.init_state(), fresh, TASKS, stop=worker.STEPS, resume=tmp_path,
+            **KWARGS,
+        )  # fmt: skip
+    assert fresh.produced == worker.STEPS - 6
+    assert_same_run(resumed, straight())
+
+
+def test_a_checkpointable_iterator_in_loop_by_hand(tmp_path):
+    data = GrainLikeIterator(worker.TRAIN)
+    ckpt = ciclo.checkpoint(tmp_path, resume=True, async_save=False)
+    step = {ciclo.every(1): worker.train_step, ciclo.every(2): ckpt}
+    ciclo.loop(worker.init_state(), data, step, stop=5)
+    saved = ckpt.latest_step()
+    ckpt.close()  # one writer per directory
+    fresh = GrainLikeIterator(worker.TRAIN)
+    again = ciclo.checkpoint(tmp_path, resume=True, async_save=False)
+    _, _, elapsed = ciclo.loop(
+        worker.init_state(),
+        fresh,
+        {ciclo.every(1): worker.train_step, ciclo.every(2): again},
+        stop=worker.STEPS,
+    )
+    assert elapsed.steps == worker.STEPS
+    assert fresh.produced == worker.STEPS - saved  # started at the saved position

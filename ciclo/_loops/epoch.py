@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ciclo._logs import Logs
+from ciclo._resume import checkpointable
 from ciclo._schedules.base import Schedule
 from ciclo._time import Elapsed, Period, as_period
 
@@ -28,6 +29,7 @@ class Passes:
         self._iterator: Iterator[Any] | None = None
         self._ahead: list[Any] = []
         self._started = self._read = self.completed = 0
+        self._before_ahead = None
         self.empty = True
 
     @classmethod
@@ -75,8 +77,20 @@ class Passes:
         if not self._ahead:
             if self._current() is None:
                 return True
+            if checkpointable(self._iterator):  # its position before the look-ahead
+                self._before_ahead = self._iterator.get_state()
             self._ahead = self._read_one()
         return not self._ahead
+
+    def get_state(self) -> Any:
+        """The position after the last batch handed out, for a single pass over a
+        checkpointable iterator (Grain's); else None."""
+        if self._passes != 1 or self._started != 1:
+            return None
+        if self._ahead:
+            return self._before_ahead
+        iterator = self._iterator
+        return iterator.get_state() if checkpointable(iterator) else None
 
     def skip(self, n: int) -> None:
         """Reads and discards `n` batches (those a resumed run already consumed)."""

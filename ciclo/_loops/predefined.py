@@ -253,7 +253,7 @@ def train_loop(
     if resume is not None:  # the checkpoint imports orbax: only when asked for
         callbacks = _resuming(as_list(callbacks), resume)
     named, ordinary = register(TRAIN, state, tasks, callbacks)
-    state, history, elapsed, skip = prepare(
+    state, history, elapsed, start_at = prepare(
         [*(tasks or {}).values(), *as_list(callbacks)], state, history, elapsed
     )
     if epochs is not None and (
@@ -271,10 +271,10 @@ def train_loop(
         repeat = 1 if epochs is None else epochs if epoch_duration is None else None
         data = passes(dataset, repeat, "train_loop")
     if data is None:
-        dataset = position(dataset, elapsed, skip, "train_loop")
+        dataset = position(dataset, elapsed, start_at, "train_loop")
         data = Passes.once(_iterate(dataset, "`dataset` is"))
     else:
-        data.skip(skip)
+        data.skip(start_at.batches)
     start = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
     stop_at = None if stop is None else as_period(stop, "stop")
     if epochs is not None and epoch_duration is not None:

@@ -8,7 +8,9 @@ background) and are finished before the loop returns.
 Retention: without `monitor`, the `keep` latest checkpoints. With `monitor`, the
 `keep` best by that metric AND the latest one (orbax's `best_fn` with `max_to_keep`
 alone would delete the newest when it is not among the best, and a resume would go
-back silently), combined as `AnyPreservationPolicy([LatestN(1), BestN(keep)])`.
+back silently), combined as `AnyPreservationPolicy([LatestN(1), BestRanked(keep)])`.
+Among equal values the earliest checkpoint is the better one, as in Keras and
+Lightning (only a strict improvement replaces the best).
 
 A directory is one timeline: saving step `s` first deletes checkpoints at steps
 `>= s` left there by an earlier run (with a warning), then saves; earlier steps are
@@ -37,6 +39,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from ciclo._history import History
+from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed, batch_size
 from ciclo.callbacks import _orbax
 from ciclo.callbacks._monitor import Monitor
@@ -81,6 +84,28 @@ def _wait_for(directory: Any) -> None:
     for ckpt in list(_OPEN.values()):
         if ckpt.directory == directory:
             ckpt.wait()
+
+
+def _loop_failing() -> BaseException | None:
+    """The exception the `ciclo.loop` running this end hook is ending with, or None
+    when that loop ends normally (or by a caught Ctrl-C).
+
+    The loop runs its end hooks inside its own `except` / `finally` when it fails,
+    so the exception being handled is the loop's when its traceback starts at that
+    loop's frame; one the caller is handling around the loop (a loop run inside an
+    `except` block) starts at the caller's frame, and is not the loop's."""
+    error = sys.exc_info()[1]
+    if error is None or error.__traceback__ is None:
+        return None
+    from ciclo._loop import loop  # the one driver (imported late: no cycle)
+
+    head = error.__traceback__.tb_frame
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is loop.__code__:  # the nearest loop: the one ending
+            return error if frame is head else None
+        frame = frame.f_back
+    return None
 
 
 def restore(
@@ -181,7 +206,11 @@ class checkpoint:
     in this step (for an epoch end, this epoch's test loop); a checkpoint taken
     when the monitored entry was not logged this step (e.g. the test loop ran only
     every n epochs) is saved and kept as the latest, but not ranked. An entry
-    never logged in the whole loop is an error when the loop ends.
+    never logged in the whole loop is an error when the loop ends normally (a
+    loop ending with an error raises that error alone). Ties: among checkpoints
+    with the same best value the EARLIEST is the best one (the one kept, and the
+    one `best=True` restores), as Keras' `ModelCheckpoint(save_best_only=True)`
+    and Lightning, where only a strict improvement replaces the best.
 
     Raises:
         TypeError: if `directory` is not a path, `keep` not an int, or `items`
@@ -370,15 +399,17 @@ class checkpoint:
         rows = _orbax.history_json(
             loop_state.history, (loop_state.elapsed, loop_state.logs)
         )
-        self._save(elapsed, loop_state.state, value, rows)
+        data = loop_state.data_state()  # where a checkpointable iterator is
+        self._save(elapsed, loop_state.state, value, rows, data)
         return None, None
 
     def __loop_resume__(
         self, state: Any, history: History | None, elapsed: Elapsed | None
-    ) -> tuple[Any, History, Elapsed] | None:
+    ) -> tuple[Any, ...] | None:
         """With `resume=True`, before the first loop it is given to: the state,
-        history and elapsed of the latest complete checkpoint, or None (start
-        fresh) when the directory holds none."""
+        history and elapsed of the latest complete checkpoint (and the saved
+        position of a checkpointable data iterator, when there is one), or None
+        (start fresh) when the directory holds none."""
         if not self._resume_pending:
             return None
         self._resume_pending = False
@@ -387,21 +418,40 @@ class checkpoint:
         manager = self._open()
         if not manager.all_steps():
             return None
-        state, elapsed, history = _orbax.restore_from(
+        state, elapsed, history, data = _orbax.restore_from(
             manager, state, False, None, with_history=True
         )
-        return state, history, elapsed
+        if data is None:
+            return state, history, elapsed
+        return state, history, elapsed, data  # + the data iterator's position
 
     def __loop_end__(self, loop_state: Any) -> None:
         """Waits for the background saves (called once when the loop ends); with
-        `monitor`, raises if the monitored entry was never logged in the loop."""
-        self.close()
+        `monitor`, raises if the monitored entry was never logged in the loop.
+
+        When the loop is ending because of an exception (a callback's error, an
+        uncaught Ctrl-C), that exception is the one that propagates: the pending
+        saves are finished, a save that failed is only warned about, and the
+        monitored entry is not checked."""
         # the loop returns this very object: recognised if passed back by hand
         self._returned = loop_state.elapsed_after
         unranked, fresh = self._unranked, self._fresh
         self._unranked = self._fresh = False
-        if unranked and not fresh and self.monitor is not None:
-            self.monitor.find(loop_state.accumulated_logs)  # names what was logged
+        failing = _loop_failing()
+        if failing is None:
+            self.close()
+            if unranked and not fresh and self.monitor is not None:
+                self.monitor.find(loop_state.accumulated_logs)  # names what was logged
+            return
+        try:
+            self.close()
+        except Exception as error:  # the loop's own error goes on, not this one
+            warnings.warn(
+                f"ciclo.checkpoint: a pending save to {self.directory} failed while "
+                f"the loop was ending with {type(failing).__name__}: "
+                f"{type(error).__name__}: {error}",
+                stacklevel=2,
+            )
 
     def _save(
         self,
@@ -409,6 +459,7 @@ class checkpoint:
         state: Any,
         value: float | None,
         history: dict[str, Any] | None = None,
+        data: Any = None,
     ) -> None:
         self._resume_pending = False  # this run has its own timeline now
         for other in list(_OPEN.values()):
@@ -438,18 +489,17 @@ class checkpoint:
             for s in stale:
                 manager.delete(s)
         metrics = None
-        if self.monitor is not None and value is not None:
-            metrics = {
-                "score": self.monitor.score(value),
-                "value": value,
-                "monitor": self.monitor.name,
-                "mode": self.monitor.mode,
-            }
+        if self.monitor is not None:  # unranked (no value): no score
+            metrics = {"monitor": self.monitor.name, "mode": self.monitor.mode}
+            if value is not None:
+                metrics.update(score=self.monitor.score(value), value=value)
         state = _orbax.select(_orbax.host_layout(state), self.items)
         wrapped = _orbax.is_leaf(state)
         saved = _orbax.elapsed_json(elapsed, wrapped)
         if self.items is not None:
             saved["items"] = list(self.items)
+        if data is not None:
+            saved["data"] = data_state_to_json(data)
         items = {
             "state": ocp.args.StandardSave([state] if wrapped else state),
             "elapsed": ocp.args.JsonSave(saved),
@@ -470,14 +520,7 @@ class checkpoint:
                 policy = policies.LatestN(n=self.keep)
             else:
                 policy = policies.AnyPreservationPolicy(
-                    [
-                        policies.LatestN(n=1),
-                        policies.BestN(
-                            get_metric_fn=_orbax.score,
-                            n=self.keep,
-                            keep_checkpoints_without_metrics=False,
-                        ),
-                    ]
+                    [policies.LatestN(n=1), _orbax.BestRanked(n=self.keep)]
                 )
             manager = _orbax.manager(
                 self.directory,
@@ -528,7 +571,9 @@ class checkpoint:
             return steps[-1] if steps else None
         manager = self._open()
         scored = [s for s in steps if _orbax.score(manager.metrics(s)) > -math.inf]
-        return max(scored or steps, key=lambda s: (_orbax.score(manager.metrics(s)), s))
+        if not scored:
+            return steps[-1]
+        return max(scored, key=lambda s: _orbax.best_key(s, manager.metrics(s)))
 
     def restore(
         self, target_state: Any = None, *, best: bool = False, step: int | None = None

@@ -11,7 +11,10 @@ never listed, and the next run's manager removes its leftovers. A step folder wi
 the `elapsed` item was not written by ciclo: a directory holding one is refused
 (`check_layout`) before anything is read from it or deleted in it. Checkpoints
 saved with a monitor carry orbax metrics `{"score", "value", "monitor", "mode"}`,
-`score` oriented so that higher is better.
+`score` oriented so that higher is better; an unranked one (the monitored entry was
+not logged at that save) carries `{"monitor", "mode"}` without a score, so orbax
+gets metrics for every save (no "did not provide metrics" warning) and ranks it
+nowhere. `BestRanked` keeps the best scored ones, the earliest of equal scores.
 
 A managed state (one whose `strategy` attribute names a registered strategy, such
 as `ManagedState` / `FlaxState`) is saved in its single-device host layout
@@ -43,6 +46,8 @@ from ciclo._time import Elapsed
 
 __all__ = [
     "ITEMS",
+    "BestRanked",
+    "best_key",
     "check_layout",
     "elapsed_json",
     "history_from_json",
@@ -63,6 +68,38 @@ def score(metrics: Any) -> float:
     if isinstance(metrics, Mapping) and "score" in metrics:
         return float(metrics["score"])
     return -math.inf
+
+
+def best_key(step: int, metrics: Any) -> tuple[float, int]:
+    """The ranking key of a checkpoint, larger is better: its score, then the
+    EARLIER step among equal scores (as Keras' and Lightning's checkpoints, where
+    only a strict improvement replaces the best)."""
+    return score(metrics), -int(step)
+
+
+@dataclasses.dataclass
+class BestRanked:
+    """Orbax preservation policy: the `n` best checkpoints that carry a score.
+
+    Orbax's `BestN(keep_checkpoints_without_metrics=False)` but for two points: a
+    checkpoint whose metrics have no score (an unranked save, or none at all) is
+    never among the best, and among equal scores the earliest step wins
+    (`best_key`). As `BestN`, it keeps everything while there are at most `n`
+    checkpoints (orbax calls it with them in step order).
+    """
+
+    n: int
+
+    def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
+        if len(checkpoints) <= self.n:
+            return [True] * len(checkpoints)
+        ranked = [
+            (best_key(info.step, info.metrics), i)
+            for i, info in enumerate(checkpoints)
+            if isinstance(info.metrics, Mapping) and "score" in info.metrics
+        ]
+        best = {i for _, i in sorted(ranked)[-self.n :]}
+        return [i in best for i in range(len(checkpoints))]
 
 
 def path(directory: Any) -> epath.Path:
@@ -237,7 +274,8 @@ def restore_from(
     with_history: bool = False,
 ) -> tuple[Any, Elapsed] | tuple[Any, Elapsed, History]:
     """`(state, elapsed)` of `step`, else the best (`best=True`), else the latest;
-    `(state, elapsed, history)` with `with_history`.
+    `(state, elapsed, history, data)` with `with_history` (`data`: the data
+    iterator's saved state as JSON, or None).
 
     Raises:
         ValueError: no checkpoint, no such step, or `best` without monitored ones.
@@ -260,7 +298,7 @@ def restore_from(
                 f"monitored metric: save them with ciclo.checkpoint(..., "
                 f"monitor='name'), or restore the latest with best=False."
             )
-        step = max(scored, key=lambda s: (score(mngr.metrics(s)), s))
+        step = max(scored, key=lambda s: best_key(s, mngr.metrics(s)))
     else:
         step = steps[-1]
     items = mngr.restore(step, args=ocp.args.Composite(elapsed=ocp.args.JsonRestore()))
@@ -299,7 +337,7 @@ def restore_from(
         saved = mngr.restore(
             step, args=ocp.args.Composite(history=ocp.args.JsonRestore())
         )["history"]
-    return state, elapsed, history_from_json(saved)
+    return state, elapsed, history_from_json(saved), e.get("data")
 
 
 def _key(entry: Any) -> str:

@@ -11,11 +11,22 @@ Rows use the loop's `elapsed` BEFORE the batch, as `History` does, so a writer's
 rows equal the history's. The row of the current step is held back until the next
 call (or the loop's end), so that at the end it can be completed with what was
 committed after the writer ran: entries logged by callbacks after it in the last
-step, the logs of a batch cut by Ctrl-C, the logs of `on_end`.
+step, the logs of a batch cut by Ctrl-C, the logs of `on_end`. A held row whose
+batch did not count (Ctrl-C cut it before it changed the state: the history has no
+row for it and the loop's `elapsed` excludes it) is dropped, so a loop that returns
+(normally or on Ctrl-C) leaves exactly the history's rows. A loop that raises
+leaves them plus the failing step's row as the writer saw it (e.g. the NaN loss
+that `nan_guard` stopped on), which the history does not commit.
+
+Ctrl-C arriving while a writer updates its rows (in the main thread, with Python's
+default SIGINT handler) is deferred to the end of that writer's call (`_SigintGuard`),
+so a row is never lost or written twice by an interrupt landing mid-write.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,6 +95,60 @@ class Row:
         )
 
 
+class _SigintGuard:
+    """Defers Ctrl-C (SIGINT) while a writer updates its rows during a loop.
+
+    A writer's call moves rows between its held row, its queue and the output; a
+    KeyboardInterrupt raised in the middle would lose a row or write one twice.
+    While a loop runs a writer, this handler replaces Python's default SIGINT
+    handler: outside a writer's call it raises KeyboardInterrupt at once (as the
+    default does); inside one it is remembered and raised when the call ends, so
+    the loop sees Ctrl-C between two callbacks. A handler someone else installed is
+    left alone (the writer then runs unguarded), as is any thread but the main one.
+    """
+
+    def __init__(self):
+        self.users = 0  # writers in a running loop that count on the handler
+        self.busy = False  # a writer's call is running
+        self.pending = False  # a SIGINT came during it
+        self.handler = self._handle  # one object, to recognise it installed
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.busy:
+            self.pending = True
+            return
+        signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt
+
+    def acquire(self) -> bool:
+        """Installs the handler (first user); whether the caller is guarded."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        try:
+            current = signal.getsignal(signal.SIGINT)
+            if current is not self.handler:
+                if current is not signal.default_int_handler:
+                    return False  # a handler of the user's (or none): not ours
+                signal.signal(signal.SIGINT, self.handler)
+        except (ValueError, OSError):  # no signals here (e.g. a subinterpreter)
+            return False
+        self.users += 1
+        return True
+
+    def release(self) -> None:
+        """Puts Python's default handler back once the last user's loop ended."""
+        self.users = max(self.users - 1, 0)
+        if self.users == 0:
+            self.busy = self.pending = False
+            try:
+                if signal.getsignal(signal.SIGINT) is self.handler:
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+            except (ValueError, OSError):
+                pass
+
+
+_GUARD = _SigintGuard()
+
+
 class Writer(LoopElement):
     """Base class of the metric writers.
 
@@ -112,6 +177,7 @@ class Writer(LoopElement):
         self._queue = LaggedQueue(max_pending)
         self._held: Row | None = None
         self._mark: tuple[Any, int] | None = None  # (history, index of held row)
+        self._guarded = False  # this loop's calls defer Ctrl-C (`_SigintGuard`)
         self.rows_written = 0
 
     # -- registration -----------------------------------------------------------
@@ -153,11 +219,23 @@ class Writer(LoopElement):
         self._write_ready()
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
-        if self._held is not None and self._held.entries:
-            self._push(self._held)
-        self._held = Row.of(loop_state.elapsed, self._entries(loop_state.logs))
-        self._mark = (loop_state.history, len(loop_state.history))
-        self._write_ready()
+        if not self._guarded:  # once per loop
+            self._guarded = _GUARD.acquire()
+        guard = _GUARD if self._guarded else None
+        if guard is not None:
+            guard.busy = True
+        try:
+            if self._held is not None and self._held.entries:
+                self._push(self._held)
+            self._held = Row.of(loop_state.elapsed, self._entries(loop_state.logs))
+            self._mark = (loop_state.history, len(loop_state.history))
+            self._write_ready()
+        finally:
+            if guard is not None:
+                guard.busy = False
+                if guard.pending:  # Ctrl-C came during the call: now
+                    guard.pending = False
+                    raise KeyboardInterrupt
         return None, None
 
     def __loop_end__(self, loop_state: Any) -> None:
@@ -169,29 +247,44 @@ class Writer(LoopElement):
                     self._push(row)
         finally:
             self._held = self._mark = None
+            if self._guarded:
+                self._guarded = False
+                _GUARD.release()
             self.close()
 
     def _completed(self, loop_state: Any) -> list[Row]:
-        """The held row completed from the history, and the rows committed after
-        it at the end of the loop (a batch cut by Ctrl-C, `on_end`)."""
+        """The rows the history committed from the held one on: the held row
+        completed from the history when its batch was committed, and the rows
+        committed after it at the end of the loop (the last batch when the writer
+        did not run on it, `on_end`).
+
+        The held batch counts when its step is below the loop's `elapsed_after`
+        (the count the loop returns; when it raises, the count with the failing
+        batch). One that Ctrl-C cut before it counted left no history row, so the
+        writer writes none (a row at that step is `on_end`'s, written as its own);
+        the failing batch of a loop that raises is written as the writer saw it."""
         held, mark = self._held, self._mark
         if held is None or mark is None:
             return []
         history, index = mark
-        if history is not loop_state.history or len(history) <= index:
+        counted = held.steps < int(loop_state.elapsed_after.steps)
+        if history is not loop_state.history:  # another loop's: as the writer saw it
             return [held]
+        if len(history) <= index:  # nothing committed since the writer's call
+            return [held] if counted else []
         try:
             tail = history[index:]  # one transfer, at the end
         except Exception:  # a failed device value: keep what the writer saw
-            return [held]
+            return [held] if counted else []
         rows = []
         last = int(loop_state.elapsed.steps) - 1
         for i, logs in enumerate(tail):
             elapsed = logs.get("elapsed", {})
             steps = int(elapsed.get("steps", -1))
-            if i == 0 and steps == held.steps:
+            if i == 0 and counted and steps == held.steps:
                 held.entries.update(self._entries(logs))
-            elif steps > held.steps and steps >= last:
+                rows.append(held)
+            elif steps >= held.steps and steps >= last:
                 rows.append(
                     Row(
                         steps,
@@ -200,7 +293,7 @@ class Writer(LoopElement):
                         self._entries(logs),
                     )
                 )
-        return [held, *rows]
+        return rows
 
     def close(self) -> None:
         """Writes every queued row (waiting for the device) and closes the output;
