@@ -50,6 +50,8 @@ class LoopState:
         metadata: the `metadata` given to `loop`.
         stop_iteration: set it to True to end the loop right after the current
             callback (the batch's remaining callbacks do not run).
+        error: while the end hooks (`__loop_end__`) run, the exception the loop
+            is ending with; None on a normal end or a caught Ctrl-C.
 
     Example:
         >>> import ciclo
@@ -68,6 +70,7 @@ class LoopState:
         "batch",
         "elapsed",
         "elapsed_after",
+        "error",
         "history",
         "logs",
         "metadata",
@@ -85,6 +88,7 @@ class LoopState:
         self._data = None  # the iterator the batches come from
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
+        self.error: BaseException | None = None  # what the loop is ending with
 
     @property
     def accumulated_logs(self) -> Logs:
@@ -406,8 +410,9 @@ def loop(
     run = _Run(ls, plan, start, stop_period, batch_size_fn)
     try:
         run.batches(iterator)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as error:
         if not catch_keyboard_interrupt:
+            ls.error = error
             _finish(end_hooks, ls)
             raise
         run.interrupted()
@@ -419,9 +424,11 @@ def loop(
             + f"; the history holds the {len(history)} rows committed before it "
             f"(that step's logs are not committed)."
         )
+        ls.error = error
         _finish(end_hooks, ls)
         raise
-    except BaseException:
+    except BaseException as error:
+        ls.error = error
         _finish(end_hooks, ls)
         raise
     ls.elapsed = ls.elapsed_after = run.current
@@ -431,6 +438,9 @@ def loop(
             callback(ls)
         if ls.logs:
             history.commit(run.current, ls.logs)
+    except BaseException as error:
+        ls.error = error
+        raise
     finally:
         _finish(end_hooks, ls)
     return ls.state, history, run.current

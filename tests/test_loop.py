@@ -397,3 +397,21 @@ def test_a_callback_logs_object_is_never_changed_by_the_loop():
         ["constant"],
         ["constant", "odd"],
     ]
+
+
+def test_end_hooks_see_the_error_the_loop_ends_with():
+    seen = []
+
+    class Hook:
+        def __call__(self, state, batch):
+            if batch == 2:
+                raise RuntimeError("boom")
+
+        def __loop_end__(self, loop_state):
+            seen.append(loop_state.error)
+
+    ciclo.loop(None, range(2), {ciclo.every(1): Hook()})
+    assert seen == [None]
+    with pytest.raises(RuntimeError, match="boom"):
+        ciclo.loop(None, range(4), {ciclo.every(1): Hook()})
+    assert isinstance(seen[-1], RuntimeError)

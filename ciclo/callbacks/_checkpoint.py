@@ -86,28 +86,6 @@ def _wait_for(directory: Any) -> None:
             ckpt.wait()
 
 
-def _loop_failing() -> BaseException | None:
-    """The exception the `ciclo.loop` running this end hook is ending with, or None
-    when that loop ends normally (or by a caught Ctrl-C).
-
-    The loop runs its end hooks inside its own `except` / `finally` when it fails,
-    so the exception being handled is the loop's when its traceback starts at that
-    loop's frame; one the caller is handling around the loop (a loop run inside an
-    `except` block) starts at the caller's frame, and is not the loop's."""
-    error = sys.exc_info()[1]
-    if error is None or error.__traceback__ is None:
-        return None
-    from ciclo._loop import loop  # the one driver (imported late: no cycle)
-
-    head = error.__traceback__.tb_frame
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is loop.__code__:  # the nearest loop: the one ending
-            return error if frame is head else None
-        frame = frame.f_back
-    return None
-
-
 def restore(
     directory: str | os.PathLike,
     target_state: Any = None,
@@ -437,7 +415,7 @@ class checkpoint:
         self._returned = loop_state.elapsed_after
         unranked, fresh = self._unranked, self._fresh
         self._unranked = self._fresh = False
-        failing = _loop_failing()
+        failing = getattr(loop_state, "error", None)  # the loop's own error
         if failing is None:
             self.close()
             if unranked and not fresh and self.monitor is not None:
