@@ -282,6 +282,7 @@ class History:
     def _ready(self) -> int:
         """The first row whose values are not all computed (checked without waiting)."""
         first = self._rows
+        array_impl = _ARRAY_IMPL  # None until the first fetch of a device value
         for column in self._entries:
             pending = column.pending
             if not pending:
@@ -290,7 +291,7 @@ class History:
             for i, value in enumerate(pending, len(rows) - len(pending)):
                 if rows[i] >= first:
                     break
-                if type(value) is not _ArrayImpl:  # the common case, checked first
+                if type(value) is not array_impl:  # the common case, checked first
                     if type(value) is _Row:
                         value = value.stacked
                     if not isinstance(value, jax.Array):
@@ -580,7 +581,16 @@ def _plot_groups(
     return groups
 
 
-_ArrayImpl = type(jnp.zeros(()))
+_ARRAY_IMPL: type | None = None
+
+
+def _array_impl() -> type:
+    """jax's concrete array type, found on first use (an array made at import would
+    start the backend before the user's `jax.distributed.initialize`)."""
+    global _ARRAY_IMPL
+    if _ARRAY_IMPL is None:
+        _ARRAY_IMPL = type(jnp.zeros(()))
+    return _ARRAY_IMPL
 
 
 def _fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
@@ -589,6 +599,9 @@ def _fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
     each stacked array of a fused call fetched once and sliced on the host; the
     rest through `_to_host`. A group comes back as one numpy array when its parts
     share a dtype (appended in bulk), else as a list."""
+    array_impl = _ARRAY_IMPL
+    if array_impl is None and any(isinstance(g[0], jax.Array) for g in groups):
+        array_impl = _array_impl()  # an array exists: the backend is up already
     scalars: dict[Any, list[Any]] = {}  # dtype -> device scalars
     stacked: dict[int, Any] = {}  # id -> a fused call's stacked array
     others: list[Any] = []
@@ -597,10 +610,10 @@ def _fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
         first = values[0]
         dtype = getattr(first, "dtype", None)
         if (
-            type(first) is _ArrayImpl
+            type(first) is array_impl
             and first.ndim == 0
             and first.dtype.kind in "iuf"
-            and all(type(v) is _ArrayImpl and v.dtype == dtype for v in values)
+            and all(type(v) is array_impl and v.dtype == dtype for v in values)
         ):  # the common column: device scalars (a shape mismatch is caught below)
             bucket = scalars.setdefault(dtype, [])
             plans.append([["scalar", dtype, len(bucket), len(values)]])
@@ -612,7 +625,7 @@ def _fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
             if kind is _Row:
                 source, start = v.stacked, v.index
                 stacked.setdefault(id(source), source)
-            elif kind is _ArrayImpl and v.ndim == 0 and v.dtype.kind in "iuf":
+            elif kind is array_impl and v.ndim == 0 and v.dtype.kind in "iuf":
                 kind, source = "scalar", v.dtype
                 bucket = scalars.setdefault(source, [])
                 start = len(bucket)

@@ -251,3 +251,26 @@ def test_loop_language_imports_without_orbax_flax_or_bars():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_importing_ciclo_does_not_start_the_jax_backend():
+    # multi-host users import ciclo (and its managed API) before
+    # jax.distributed.initialize, which must come before any JAX computation
+    result = _run_python(
+        """
+        import socket
+        import ciclo, ciclo.callbacks
+        from ciclo import managed
+        import jax
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
+        _, history, _ = ciclo.loop(0, range(3), {ciclo.every(1): lambda s, b: (
+            ciclo.logs().add_metric("x", jax.numpy.float32(b)), s)})
+        assert history.collect("x") == [0.0, 1.0, 2.0]
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ok"

@@ -2,7 +2,7 @@
 
 Runs a worker in a fresh process with 4 forced CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=4`` set before jax is imported).
-Multi-host (``jax.distributed``) is only exercised when CICLO_CONTRACT_MULTIHOST=1.
+Multi-host (``jax.distributed``, 2 local processes with gloo) is marked slow.
 """
 
 from __future__ import annotations
@@ -137,10 +137,6 @@ def _free_port():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get("CICLO_CONTRACT_MULTIHOST") != "1",
-    reason="multi-process jax.distributed run; set CICLO_CONTRACT_MULTIHOST=1",
-)
 def test_sharded_multi_host_equals_single_process(four_devices):
     port = str(_free_port())
     procs = [
