@@ -200,13 +200,13 @@ class EpochEnd(Schedule):
                 f"{duration!r}."
             )
         self.stop, self.exhausted = stop, exhausted
+        self._fields = tuple(fields.items())  # read per batch: computed once
         self._index, self._for, self._ended = self._indices(start), None, False
         self.count = max(self._index, default=count_from)
         self.decided = False  # a decision was taken for an earlier batch
 
     def _indices(self, elapsed: Elapsed) -> tuple[int, ...]:
-        fields = {} if self.duration is None else self.duration.fields()
-        return tuple(math.floor(getattr(elapsed, f) / n) for f, n in fields.items())
+        return tuple(math.floor(getattr(elapsed, f) / n) for f, n in self._fields)
 
     def __call__(self, loop_state: Any) -> bool:
         after = loop_state.elapsed_after
