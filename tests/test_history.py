@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ciclo
-import ciclo._history as history_module
+import ciclo._transfer as transfer
 
 
 def _commit_steps(history, values):
@@ -82,13 +82,13 @@ def test_getitem_and_iter_rebuild_logs():
 
 def test_device_values_are_fetched_lagged_in_batches(monkeypatch):
     calls = []
-    real = history_module._fetch
+    real = transfer.fetch
 
     def counting(groups):  # one call per transfer, one group per column
         calls.append(sum(len(g) for g in groups))
         return real(groups)
 
-    monkeypatch.setattr(history_module, "_fetch", counting)
+    monkeypatch.setattr(transfer, "fetch", counting)
     history = ciclo.history(lag=10)
     _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(45)])
     # every 10 commits the computed (here: all) pending rows come in one fetch
@@ -104,10 +104,10 @@ def _slow(x):
 
 def test_values_not_yet_computed_are_not_waited_for(monkeypatch):
     calls = []
-    real = history_module._fetch
+    real = transfer.fetch
     monkeypatch.setattr(
-        history_module,
-        "_fetch",
+        transfer,
+        "fetch",
         lambda groups: calls.append(sum(map(len, groups))) or real(groups),
     )
     _slow(jnp.ones((256, 256))).block_until_ready()  # compile

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 import ciclo
-from ciclo import _history, _loop, _time
+from ciclo import _history, _loop, _time, _transfer
 from ciclo._logs import Logs
 
 ALWAYS = ciclo.every(1)
@@ -30,8 +30,8 @@ WATCHED = {
         _history.History._ready,
         _history._Column.append,
         _history._scalar,
-        _history._to_host,
-        _history._fetch,
+        _transfer.to_host,
+        _transfer.fetch,
         _history._Column.extend,
         _loop._Run.batches,
         _loop._Apply.__call__,
@@ -156,7 +156,7 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value):
     assert {"History.commit", "History._flush", "Logs.merge", "batch_size"} <= points
     assert "Elapsed.update_time" in points
     if value is not int:
-        assert {"_fetch", "_Column.extend"} <= points
+        assert {"fetch", "_Column.extend"} <= points
 
 
 @pytest.mark.parametrize("value", [int, jnp.float32], ids=["python", "device"])
