@@ -513,64 +513,9 @@ class History:
             >>> os.path.getsize(path) > 0
             True
         """
-        try:
-            from matplotlib.figure import Figure  # no pyplot: no GUI backend needed
-        except ImportError:
-            raise ImportError(
-                "History.plot needs matplotlib, which is not installed: install "
-                "ciclo[plot] (pip install 'ciclo[plot]')."
-            ) from None
-        self._flush()
-        logged = [(c, n) for c, n in self._columns if c != ELAPSED]
-        groups = _plot_groups(keys, logged, self)
-        figure = Figure(figsize=(5.0 * len(groups) or 5.0, 3.6), layout="constrained")
-        axes = figure.subplots(1, max(len(groups), 1), squeeze=False)[0]
-        for axis, (title, series) in zip(axes, groups):
-            for collection, name in series:
-                xs, ys = self.collect(f"{ELAPSED}.{x}", f"{collection}.{name}")
-                ys = [float(np.mean(y)) for y in ys]
-                axis.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=name)
-            axis.set_title(title)
-            axis.set_xlabel(x)
-            axis.grid(True, alpha=0.3)
-            axis.legend()
-        if path is not None:
-            figure.savefig(path, format="png", dpi=100)
-        return figure
+        from ciclo._plot import plot  # matplotlib only when a plot is asked for
 
-
-def _plot_groups(
-    keys: tuple[str, ...], logged: list[tuple[str, str]], history: History
-) -> list[tuple[str, list[tuple[str, str]]]]:
-    """`(title, [(collection, name), ...])` per axis: a key's series, then its
-    suffixed ones (`loss_test`); a series is plotted once."""
-    if not keys:  # every loss and metric whose name does not extend another's
-        first: dict[str, str] = {}  # name -> "collection.name", first collection
-        for c, n in logged:
-            if c in ("losses", "metrics"):
-                first.setdefault(n, f"{c}.{n}")
-        keys = tuple(
-            key
-            for n, key in first.items()
-            if not any(n.startswith(f"{m}_") for m in first)
-        )
-    groups, used = [], set()
-    for key in keys:
-        found = history._resolve(key)
-        if found is None:
-            raise ValueError(
-                f"History.plot: {key!r} was never logged; logged: "
-                f"{sorted({n for _, n in logged})}."
-            )
-        name = found[1]
-        series = [found] + [
-            (c, n) for c, n in logged if n.startswith(f"{name}_") and c == found[0]
-        ]
-        series = [s for s in dict.fromkeys(series) if s not in used]
-        used.update(series)
-        if series:
-            groups.append((name, series))
-    return groups
+        return plot(self, keys, path, x)
 
 
 def _values(column: _Column | _ElapsedColumn) -> list[Any]:
