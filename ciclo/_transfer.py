@@ -130,16 +130,9 @@ def _stacked_scalars(values: list[jax.Array]) -> np.ndarray | list[Any]:
 
 
 def to_host(values: list[Any]) -> list[Any]:
-    """`values` on the host: device scalars stacked on the device and fetched with one
-    transfer per (dtype, sharding); other device arrays in one `jax.device_get`."""
-    stacked = [i for i, v in enumerate(values) if isinstance(v, Row)]
-    if stacked:  # fused rows: each stacked array fetched once, split on the host
-        arrays = {id(values[i].stacked): values[i].stacked for i in stacked}
-        host = dict(zip(arrays, jax.device_get(list(arrays.values()))))
-        values = list(values)
-        for i in stacked:
-            row = values[i]
-            values[i] = np.asarray(host[id(row.stacked)])[row.index]
+    """`values` (no `Row`s: `fetch` slices those) on the host: device scalars stacked
+    on the device and fetched with one transfer per (dtype, sharding); other device
+    arrays in one `jax.device_get`."""
     out = list(values)
     scalars: dict[Any, list[int]] = {}
     arrays: list[int] = []

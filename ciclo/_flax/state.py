@@ -14,15 +14,14 @@ import warnings
 from typing import Any, NamedTuple, Protocol
 
 import jax
-import optax
 from flax import struct
 
 from ciclo import managed
-from ciclo._callback import describe, inject
 from ciclo._flax.batch import unpack_batch
 from ciclo._flax.objectives import RESERVED, Objectives
 from ciclo._logs import Logs
 from ciclo._strategies.registry import get_strategy
+from ciclo.managed._steps import grad_logs
 
 __all__ = ["FlaxConfig", "FlaxState", "Forward", "sown_names"]
 
@@ -159,22 +158,10 @@ def _predict(state: FlaxState, batch: Any, elapsed: Any) -> tuple[Logs, FlaxStat
     return logs, state
 
 
-def _grads(grads: Any, state: FlaxState) -> Logs | None:
+def _grads(grads: Any, state: FlaxState) -> Logs:
     """The train step's `grads_fn`: what `log_grad_norm` / `grads_fn` ask for."""
     config = state.config
-    logs = Logs()
-    if config.log_grad_norm:
-        logs.add_metric("grad_norm", optax.tree.norm(grads))
-    if config.grads_fn is not None:
-        extra = inject(config.grads_fn, grads, state)
-        if extra is not None:
-            if not isinstance(extra, dict):
-                raise TypeError(
-                    f"grads_fn {describe(config.grads_fn)} returned a "
-                    f"{type(extra).__name__}; expected logs (ciclo.logs()) or None."
-                )
-            logs.merge(extra)
-    return logs
+    return grad_logs(grads, state, config.log_grad_norm, config.grads_fn)
 
 
 class FlaxState(managed.ManagedState):

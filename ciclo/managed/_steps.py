@@ -31,6 +31,7 @@ __all__ = [
     "FUSED_LOGS",
     "REDUCTIONS",
     "ManagedStep",
+    "grad_logs",
     "reduce_logs",
     "step",
     "train_step",
@@ -355,20 +356,7 @@ class ManagedStep(LoopElement):
         return logs, new_state
 
     def _grad_logs(self, grads: Any, state: Any) -> Logs:
-        logs = Logs()
-        if self.log_grad_norm:
-            logs.add_metric("grad_norm", optax.tree.norm(grads))
-        if self.grads_fn is not None:
-            extra = inject(self.grads_fn, grads, state)
-            if extra is not None:
-                if not isinstance(extra, Mapping):
-                    raise TypeError(
-                        f"grads_fn {describe(self.grads_fn)} returned a "
-                        f"{type(extra).__name__}; expected logs (ciclo.logs()) or "
-                        f"None."
-                    )
-                logs.merge(extra)
-        return logs
+        return grad_logs(grads, state, self.log_grad_norm, self.grads_fn)
 
     def _build(self, strategy: Strategy) -> Callable[..., tuple[Logs, Any]]:
         collectives = getattr(strategy, "collectives", None) or Collectives()
@@ -524,3 +512,23 @@ def step(fn: UserStep) -> ManagedStep:
         [1.0, 1.0, 1.0]
     """
     return ManagedStep(fn, grad=False)
+
+
+def grad_logs(
+    grads: Any, state: Any, log_grad_norm: bool, grads_fn: Callable[..., Any] | None
+) -> Logs:
+    """What a train step logs from its gradients: `grad_norm` (with
+    `log_grad_norm`) and `grads_fn(grads[, state])`'s logs."""
+    logs = Logs()
+    if log_grad_norm:
+        logs.add_metric("grad_norm", optax.tree.norm(grads))
+    if grads_fn is not None:
+        extra = inject(grads_fn, grads, state)
+        if extra is not None:
+            if not isinstance(extra, Mapping):
+                raise TypeError(
+                    f"grads_fn {describe(grads_fn)} returned a "
+                    f"{type(extra).__name__}; expected logs (ciclo.logs()) or None."
+                )
+            logs.merge(extra)
+    return logs
