@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from ciclo._logs import Logs
+from ciclo._time import short
 
 __all__ = [
     "ARGUMENTS",
@@ -27,6 +28,7 @@ __all__ = [
     "arity",
     "describe",
     "inject",
+    "registered",
     "split_output",
     "uncalled",
 ]
@@ -88,6 +90,44 @@ def uncalled(callback: Any) -> str | None:
         return None
     name = callback.__name__
     return f"ciclo.{name}" if getattr(ciclo, name, None) is callback else name
+
+
+def registered(
+    callback: Any, where: str, hooks: Mapping[str, tuple[str, ...]]
+) -> dict[str, list[Any]]:
+    """The methods a `callbacks=[...]` object registers on a predefined loop: per
+    named schedule in `hooks`, its attributes of the names given there (the
+    schedule's name, then its aliases), in that order.
+
+    Raises:
+        TypeError: for a class (not built yet), or an object with none of them
+            (a factory not called, a plain function), naming the fix.
+    """
+    if inspect.isclass(callback):
+        raise TypeError(
+            f"{where} is the class {callback.__name__}, not a callback: build one "
+            f"first, e.g. {callback.__name__}(...)."
+        )
+    found: dict[str, list[Any]] = {}
+    for name, attributes in hooks.items():
+        for attribute in attributes:
+            method = getattr(callback, attribute, None)
+            if method is not None:
+                found.setdefault(name, []).append(method)
+    if not found:
+        hint = (
+            f" Did you pass the factory without calling it? Use "
+            f"{getattr(callback, '__name__', 'it')}(...)."
+            if inspect.isfunction(callback)
+            else ""
+        )
+        raise TypeError(
+            f"{where} ({short(callback, 60)}) has no attribute named like a named "
+            f"schedule of that loop ({list(hooks)}), so it cannot register "
+            f"itself.{hint} Otherwise put it in `tasks` with a schedule, e.g. "
+            f"{{ciclo.every(1): [callback]}}."
+        )
+    return found
 
 
 def arity(f: Callable[..., Any], where: str, most: int = len(ARGUMENTS)) -> int:

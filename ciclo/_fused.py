@@ -15,9 +15,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ciclo._time import Steps, batch_size
+from ciclo._time import Elapsed, Period, Steps, batch_size
 
-__all__ = ["declared_steps", "fuse"]
+__all__ = ["declared_steps", "fuse", "fuse_passes"]
 
 
 def check_steps(steps_per_call: Any, where: str) -> int:
@@ -33,14 +33,30 @@ def check_steps(steps_per_call: Any, where: str) -> int:
     return steps_per_call
 
 
-def _signature(batch: Any) -> tuple[Any, tuple[Any, ...]]:
+def _signature(batch: Any) -> tuple[Any, ...]:
+    """What must match to stack batches: structure, shapes and dtypes. A tuple,
+    list or dict of numpy arrays (the common batch) is read without flattening."""
+    kind = type(batch)
+    if kind is tuple or kind is list or kind is dict:
+        leaves = batch.values() if kind is dict else batch
+        if all(type(x) is np.ndarray for x in leaves):
+            keys = tuple(batch) if kind is dict else len(batch)
+            return (kind, keys, *((x.shape, x.dtype) for x in leaves))
     leaves, tree = jax.tree.flatten(batch)
-    return tree, tuple(
-        (getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves
+    return (
+        tree,
+        *((getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves),
     )
 
 
 def _stack(group: list[Any]) -> Any:
+    first = group[0]
+    kind = type(first)
+    if (kind is tuple or kind is list) and all(type(x) is np.ndarray for x in first):
+        return kind([np.stack([b[i] for b in group]) for i in range(len(first))])
+    if kind is dict and all(type(x) is np.ndarray for x in first.values()):
+        return {k: np.stack([b[k] for b in group]) for k in first}
+
     def stack(*xs: Any) -> Any:
         if all(isinstance(x, np.ndarray | np.generic | int | float) for x in xs):
             return np.stack(xs)
@@ -105,14 +121,35 @@ def fuse(
         if group and current != signature:
             yield Steps(_stack(group), len(group), samples)
             group, samples = [], 0
+        if not group:  # the group's batches have equal shapes, so equal sizes
+            size = batch_size(batch, batch_size_fn)
         signature = current
         group.append(batch)
-        samples += batch_size(batch, batch_size_fn)
+        samples += size
         if len(group) == k or (limit is not None and read >= limit):
             yield Steps(_stack(group), len(group), samples)
             group, samples = [], 0
     if group:
         yield Steps(_stack(group), len(group), samples)
+
+
+def fuse_passes(
+    data: Any, k: int, batch_size_fn: Any, stop_at: Period | None, start: Elapsed
+) -> None:
+    """Groups each pass of `data` (`ciclo._passes.Passes`) into `Steps` of `k`,
+    reading no batch past `stop_at`'s step count; a group never spans two passes,
+    so epochs end where they did unfused."""
+    left = None
+    if stop_at is not None and stop_at.steps is not None:
+        left = [max(stop_at.steps - start.steps, 0)]
+
+    def each_pass(batches: Iterator[Any]) -> Iterator[Any]:
+        for steps in fuse(batches, k, batch_size_fn, None if left is None else left[0]):
+            if left is not None:
+                left[0] -= steps.n
+            yield steps
+
+    data.transform(each_pass)
 
 
 def _owner_steps(callback: Any) -> Any:

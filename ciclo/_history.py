@@ -322,6 +322,45 @@ class History:
         if standalone:
             self._writing = False
 
+    # -- pickling (and checkpoints) ---------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The rows as host data (the lagged values fetched first): `lag`, `rows`,
+        the four `elapsed` fields as `array.array`s, and per logged entry
+        `(collection, name, rows, values)`, `rows` an `array.array` of row indices
+        and `values` an `array.array` (scalars) or a list. Copies: the history can
+        go on being written."""
+        self._flush()
+        columns = []
+        for (collection, name), column in self._columns.items():
+            if isinstance(column, _ElapsedColumn):
+                continue
+            values = column.values
+            values = (
+                array.array(values.typecode, values)
+                if isinstance(values, array.array)
+                else list(values)
+            )
+            columns.append((collection, name, array.array("q", column.rows), values))
+        return {
+            "lag": self.lag,
+            "rows": self._rows,
+            "elapsed": [
+                array.array(c.values.typecode, c.values) for c in self._elapsed
+            ],
+            "columns": columns,
+        }
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        """The history `__getstate__` described (its arrays are taken, not copied)."""
+        self.__init__(lag=int(state["lag"]))
+        self._rows = self._fetched = int(state["rows"])
+        for column, values in zip(self._elapsed, state["elapsed"]):
+            column.values = values
+        for collection, name, rows, values in state["columns"]:
+            column = self._columns[(collection, name)] = _Column()
+            column.rows, column.values = rows, values
+            self._entries.append(column)
+
     # -- reading ------------------------------------------------------------------
     def __len__(self) -> int:
         return self._rows

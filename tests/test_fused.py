@@ -184,3 +184,34 @@ def test_train_loop_epochs_fuse_within_each_pass():
         m.create("jit"), data, {ciclo.on_train_step: m.train_step}, epochs=3, stop=13
     )
     assert max_diff(m.host_params(single), m.host_params(state)) < TOL
+
+
+@pytest.mark.parametrize("form", ["tuple", "list", "dict", "nested"])
+def test_fuse_stacks_every_batch_form_and_splits_where_shapes_change(form):
+    rng = np.random.default_rng(0)
+    sizes = [4, 4, 4, 3, 3, 4]  # a shape change splits the group
+    xs = [rng.normal(size=(n, 2)).astype(np.float32) for n in sizes]
+    ys = [np.arange(n, dtype=np.int32) + i for i, n in enumerate(sizes)]
+    make = {
+        "tuple": lambda x, y: (x, y),
+        "list": lambda x, y: [x, y],
+        "dict": lambda x, y: {"x": x, "y": y},
+        "nested": lambda x, y: {"x": (x,), "y": y},  # not a flat batch
+    }[form]
+    fused = list(ciclo.fuse([make(x, y) for x, y in zip(xs, ys)], 2))
+    assert [(s.n, s.samples) for s in fused] == [(2, 8), (1, 4), (2, 6), (1, 4)]
+    first = fused[0].batch
+    assert type(first) is type(make(xs[0], ys[0]))
+    x = (
+        first["x"][0]
+        if form == "nested"
+        else first[0]
+        if form != "dict"
+        else first["x"]
+    )
+    y = first["y"] if form in ("dict", "nested") else first[1]
+    np.testing.assert_array_equal(x, np.stack(xs[:2]))
+    np.testing.assert_array_equal(y, np.stack(ys[:2]))
+    # a custom batch size (from the shapes) is counted per batch
+    fused = list(ciclo.fuse([make(x, y) for x, y in zip(xs, ys)], 3, lambda s: 10))
+    assert [(s.n, s.samples) for s in fused] == [(3, 30), (2, 20), (1, 10)]

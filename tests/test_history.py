@@ -196,3 +196,28 @@ def test_device_scalars_of_every_dtype_come_back_as_python_values():
     assert flag == [bool(i % 2) for i in range(7)]
     assert all(isinstance(v, bool | np.bool_) for v in flag)
     assert mixed == [0, 1, 2, 3, 4.5, 5.5, 6.5]
+
+
+def test_pickled_and_copied_histories_hold_the_same_rows_and_stay_independent():
+    import copy
+    import pickle
+
+    history = ciclo.history(lag=4)
+    elapsed = ciclo.Elapsed.create()
+    for i in range(10):  # device values still pending when pickled
+        logs = ciclo.logs()
+        logs.add_metric("loss", jnp.float32(i) / 2)
+        if i % 3 == 0:
+            logs.add_output("vec", jnp.arange(2) + i)
+        history.commit(elapsed, logs)
+        elapsed = elapsed.update(batch_size=4)
+    expected = history.collect("steps", "samples", "loss")
+    for clone in (pickle.loads(pickle.dumps(history)), copy.deepcopy(history)):
+        assert clone.collect("steps", "samples", "loss") == expected
+        assert [v.tolist() for v in clone.collect("vec")] == [
+            [0, 1], [3, 4], [6, 7], [9, 10]
+        ]  # fmt: skip
+        assert clone.lag == 4
+        clone.commit(elapsed, {"metrics": {"loss": 99.0}})  # the original is untouched
+        assert len(clone) == 11 and len(history) == 10
+        assert history.collect("loss")[-1] == 4.5

@@ -1,34 +1,32 @@
 """`train_loop`, `test_loop`, `predict_loop`: a table of named schedules compiled to
 an ordinary task dict, then one `ciclo.loop` call.
 
-The whole per-batch order of `train_loop`, from `named.TRAIN`:
+The whole per-batch order of `train_loop`, from `tables.TRAIN`:
 
     on_train_begin                     (once, before the first batch's tasks)
-    per batch:  on_train_batch_begin, on_train_step, the ordinary `tasks`,
+    per batch:  on_epoch_begin (on the batches that begin an epoch),
+                on_train_batch_begin, on_train_step, the ordinary `tasks`,
                 [epoch end: on_reset_step, the test loop, on_epoch_end],
                 on_train_batch_end
     on_train_end                       (once, after the last batch)
+
+The parts it assembles live with their kind: the epoch end is a schedule
+(`_schedules.epoch`), the data a `_passes.Passes`, the test loops `inner_loop`
+callbacks (`callbacks._test_loops`).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ciclo._callback import arity
-from ciclo._fused import check_steps, declared_steps, fuse
+from ciclo._fused import check_steps, declared_steps, fuse_passes
 from ciclo._history import History
 from ciclo._loop import loop
-from ciclo._loops.epoch import (
-    EpochEnd,
-    EpochMeans,
-    Passes,
-    passes,
-    zero_argument_factory,
-)
-from ciclo._loops.named import (
+from ciclo._loops.register import Gated, as_list, register
+from ciclo._loops.tables import (
     EPOCH_LOGS,
     EPOCH_SUM,
     NESTED,
@@ -37,72 +35,36 @@ from ciclo._loops.named import (
     TEST,
     TRAIN,
     Table,
-    When,
+)
+from ciclo._passes import train_data
+from ciclo._resume import prepare
+from ciclo._schedules.epoch import EpochEnd, epochs_end
+from ciclo._schedules.named import (
+    Place,
     aliases_of,
-    on_reset_step,
-    on_test_step,
     on_train_step,
 )
-from ciclo._loops.register import Gated, as_list, register
-from ciclo._resume import position, prepare
-from ciclo._schedules.base import Schedule, fresh
-from ciclo._time import Elapsed, Period, as_period, short
-from ciclo.callbacks._inner_loop import TEST_AGGREGATION, inner_loop
+from ciclo._time import Elapsed, Period, as_period
+from ciclo.callbacks._epoch_logs import EpochMeans
+from ciclo.callbacks._test_loops import test_loops
 
 
-class _Named(Schedule):
-    """The key of a named schedule in the compiled task dict (its repr is the name):
-    at an epoch end (`epoch`) or begin (`begin`), and gated by a `When`."""
-
-    def __init__(self, name: str, epoch=None, when=None, begin=False):
-        self.name, self.epoch, self.when, self.begin = name, epoch, when, begin
-        self.gate = None if when is None else fresh(when.schedule)
-        self.gate_reads = bool(getattr(self.gate, "reads_loop_state", False))
-        self.reads_loop_state = epoch is not None or self.gate_reads
-        self.count = 0  # firings, for `every` off the epoch ends
-
-    def __call__(self, elapsed_or_loop_state: Any) -> bool:
-        x = elapsed_or_loop_state
-        fires = self.epoch is None or (
-            self.epoch.begins() if self.begin else self.epoch(x)
-        )
-        if not fires:
-            return False
-        if self.when is None:
-            return True
-        if self.when.every is not None:
-            if self.epoch is not None:  # the epoch's number, a resumed run's too
-                number = self.epoch.count + self.begin
-            else:
-                number = self.count = self.count + 1
-            if number % self.when.every:
-                return False
-        if self.gate is None:
-            return True
-        if self.reads_loop_state and not self.gate_reads:
-            x = x.elapsed
-        return bool(self.gate(x))
-
-    def __repr__(self) -> str:
-        return repr(self.name) if self.when is None else repr(self.when)
-
-
-def _keys(name, callbacks, **where) -> list[tuple[_Named, list[Any]]]:
+def _keys(name, callbacks, **where) -> list[tuple[Place, list[Any]]]:
     """A named schedule's callbacks as task-dict entries, in their order: the runs
     of plain callbacks, and each `When` key's callbacks behind their gate."""
     entries, plain = [], []
     for callback in callbacks:
         if isinstance(callback, Gated):
             if plain:
-                entries.append((_Named(name, **where), plain))
+                entries.append((Place(name, **where), plain))
                 plain = []
             entries.append(
-                (_Named(name, when=callback.when, **where), callback.callbacks)
+                (Place(name, when=callback.when, **where), callback.callbacks)
             )
         else:
             plain.append(callback)
     if plain:
-        entries.append((_Named(name, **where), plain))
+        entries.append((Place(name, **where), plain))
     return entries
 
 
@@ -122,7 +84,7 @@ def _compile(table: Table, named, ordinary, epoch=None, builtin=None):
     for name in table.epoch:
         tasks.update(_keys(name, callbacks.get(name, []), epoch=epoch))
     if begins:  # the epoch end is decided on every batch
-        tasks[_Named("<epoch end>", epoch)] = []
+        tasks[Place("<epoch end>", epoch)] = []
     for name in table.batch_end:
         tasks.update(_keys(name, callbacks[name]))
     ends = [(n, cb) for n in (*table.start, *table.end) for cb in callbacks[n]]
@@ -223,6 +185,8 @@ def train_loop(
             `ciclo.checkpoint(resume, resume=True)` to `callbacks` (saves at each
             epoch end; starts from its latest complete checkpoint, if any, with the
             state, history, elapsed and data position restored).
+        steps_per_call: run this many train steps per compiled call (see
+            `ciclo.fuse`); default: what the train step declares, else 1.
 
     Raises:
         ValueError: for an unknown named schedule, `test_dataset` with nothing on
@@ -251,41 +215,27 @@ def train_loop(
         (6, ([3], [4.0]))
     """
     if resume is not None:  # the checkpoint imports orbax: only when asked for
-        callbacks = _resuming(as_list(callbacks), resume)
+        from ciclo.callbacks._checkpoint import resuming
+
+        callbacks = resuming(as_list(callbacks), resume)
     named, ordinary = register(TRAIN, state, tasks, callbacks)
     state, history, elapsed, start_at = prepare(
         [*(tasks or {}).values(), *as_list(callbacks)], state, history, elapsed
     )
-    if epochs is not None and (
-        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
-    ):
-        raise ValueError(
-            f"train_loop: `epochs` must be an int >= 1 (passes over `dataset`, or "
-            f"epochs of `epoch_duration`), got {epochs!r}."
-        )
     if test_duration is not None and not isinstance(test_duration, Mapping):
         as_period(test_duration, "test_duration")
-    data = None
-    if epochs is not None or zero_argument_factory(dataset):
-        # how many passes: one without `epochs`; no bound when epochs are durations
-        repeat = 1 if epochs is None else epochs if epoch_duration is None else None
-        data = passes(dataset, repeat, "train_loop")
-    if data is None:
-        dataset = position(dataset, elapsed, start_at, "train_loop")
-        data = Passes.once(_iterate(dataset, "`dataset` is"))
-    else:
-        data.skip(start_at.batches)
+    data = train_data(dataset, epochs, epoch_duration, elapsed, start_at)
     start = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
     stop_at = None if stop is None else as_period(stop, "stop")
     if epochs is not None and epoch_duration is not None:
-        stop_at = _earliest(
+        stop_at = epochs_end(
             stop_at, as_period(epoch_duration, "epoch_duration"), epochs
         )
     if steps_per_call is None:
         train_callbacks = [*named[on_train_step], *(v for _, v in ordinary)]
         steps_per_call = declared_steps(train_callbacks, state) or 1
     if check_steps(steps_per_call, "train_loop") > 1:
-        _fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
+        fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
     finite = epochs is None or epoch_duration is None  # the data can end an epoch
     epoch = EpochEnd(
         epoch_duration, stop_at, start, data.exhausted if finite else None,
@@ -293,8 +243,8 @@ def train_loop(
     )  # fmt: skip
     builtin: dict[str, list[Any]] = {}
     if test_dataset is not None:
-        builtin[NESTED] = _test_loops(
-            named, test_dataset, test_duration, test_name, test_every,
+        builtin[NESTED] = test_loops(
+            _run, named, test_dataset, test_duration, test_name, test_every,
             inner_loop_kwargs, dict(metadata=metadata, batch_size_fn=batch_size_fn),
         )  # fmt: skip
     elif test_every is not None:
@@ -324,150 +274,6 @@ def train_loop(
             stacklevel=2,
         )
     return result
-
-
-def _fuse_passes(
-    data: Passes, k: int, batch_size_fn: Any, stop_at: Period | None, start: Elapsed
-) -> None:
-    """Groups each pass's batches into `Steps` of `k`, reading no batch past `stop`'s
-    step count (a group never spans two passes: epochs end where they did)."""
-    left = None
-    if stop_at is not None and stop_at.steps is not None:
-        left = [max(stop_at.steps - start.steps, 0)]
-
-    def each_pass(batches: Iterator[Any]) -> Iterator[Any]:
-        for steps in fuse(batches, k, batch_size_fn, None if left is None else left[0]):
-            if left is not None:
-                left[0] -= steps.n
-            yield steps
-
-    data.transform(each_pass)
-
-
-def _earliest(stop: Period | None, duration: Period, epochs: int) -> Period:
-    """`stop`, or the end of epoch `epochs` of `duration`, whichever comes first."""
-    fields = {f: n * epochs for f, n in duration.fields().items()}
-    for f, n in ({} if stop is None else stop.fields()).items():
-        fields[f] = min(n, fields.get(f, n))
-    return Period.create(**fields)
-
-
-def _test_loops(
-    named, test_dataset, test_duration, test_name, test_every, kwargs, loop_kwargs
-):
-    """The test loops' `inner_loop`s of the epoch end, behind `test_every`."""
-    if isinstance(test_dataset, Mapping):
-        datasets = dict(test_dataset)
-        if not isinstance(test_duration, Mapping | None):
-            test_duration = {name: test_duration for name in datasets}
-        unknown = set(test_duration or {}) - set(datasets)
-        if unknown:
-            raise ValueError(
-                f"train_loop: `test_duration` names {sorted(unknown)}, which are not "
-                f"in `test_dataset` ({sorted(datasets)}); use the same names."
-            )
-        durations = test_duration or {}
-    else:
-        if isinstance(test_duration, Mapping):
-            raise TypeError(
-                f"train_loop: `test_duration` is a dict ({sorted(test_duration)}) but "
-                f"`test_dataset` is not; pass test_dataset={{name: factory}} too, or "
-                f"one int / Period as `test_duration`."
-            )
-        datasets, durations = {test_name: test_dataset}, {test_name: test_duration}
-    if not isinstance(kwargs, Mapping | None):
-        raise TypeError(
-            f"train_loop: `inner_loop_kwargs` must be a dict such as "
-            f"{{'aggregation': 'mean'}}, got {type(kwargs).__name__}."
-        )
-    kwargs = dict(kwargs or {})
-    aggregation = kwargs.get("aggregation", {})
-    if isinstance(aggregation, Mapping):  # covers what the user's dict does not
-        kwargs["aggregation"] = {**TEST_AGGREGATION, **aggregation}
-    loops = []
-    for name, factory in datasets.items():
-        duration = durations.get(name)
-        if duration is not None:
-            as_period(duration, f"test_duration[{name!r}]")
-        run_test = _evaluation(named, factory, duration, loop_kwargs)
-        loops.append(inner_loop(name, run_test, **kwargs))
-    if test_every is None:
-        return loops
-    if isinstance(test_every, int) and not isinstance(test_every, bool):
-        if test_every < 1:
-            raise ValueError(
-                f"train_loop: `test_every` must be >= 1 epochs, got {test_every}."
-            )
-        return [Gated(When(NESTED, every=test_every), loops)]
-    if callable(test_every):
-        return [Gated(When(NESTED) & test_every, loops)]  # sees elapsed_after
-    raise TypeError(
-        f"train_loop: `test_every` must be an int (every n epochs) or a schedule "
-        f"evaluated at the epoch ends (e.g. ciclo.after(1000)), got {test_every!r} "
-        f"({type(test_every).__name__})."
-    )
-
-
-def _resuming(callbacks: list[Any], directory: Any) -> list[Any]:
-    """`callbacks` with a checkpoint of `directory` that resumes: the one already
-    there (one writer per directory), else a new one."""
-    from ciclo.callbacks._checkpoint import checkpoint
-    from ciclo.callbacks._orbax import path
-
-    for callback in callbacks:
-        if isinstance(callback, checkpoint) and callback.directory == path(directory):
-            callback.resume = callback._resume_pending = True
-            return callbacks
-    return [*callbacks, checkpoint(directory, resume=True)]
-
-
-def _iterate(dataset: Any, what: str) -> Iterator[Any]:
-    try:
-        return iter(dataset)
-    except TypeError:
-        raise TypeError(
-            f"train_loop: {what} {short(dataset)} ({type(dataset).__name__}), which "
-            f"is not iterable; expected an iterable of batches."
-        ) from None
-
-
-def _evaluation(named, test_dataset, test_duration, loop_kwargs):
-    """`state -> test_loop(...)` over a fresh `test_dataset()`, without the reset
-    steps (the epoch end has just run them)."""
-    if not callable(test_dataset):
-        raise TypeError(
-            f"train_loop: `test_dataset` must be a zero-argument callable returning a "
-            f"fresh iterable each epoch, e.g. lambda: make_test_batches(); got "
-            f"{short(test_dataset)} ({type(test_dataset).__name__})."
-        )
-    arity(test_dataset, "train_loop: `test_dataset`", most=0)
-    if not named[on_test_step]:
-        raise ValueError(
-            "train_loop: `test_dataset` was given but nothing runs on `on_test_step`: "
-            "give the state a `test_step` method or pass "
-            "tasks={ciclo.on_test_step: [test_step]}."
-        )
-    test_named = {name: named[name] for name in TEST.own}
-    test_named[on_reset_step] = []
-
-    def run_test(state: Any) -> tuple[Any, History, Elapsed]:
-        data = _iterate(test_dataset(), "`test_dataset()` returned")
-        output = _run(
-            TEST, state, data, test_named, [], stop=test_duration,
-            catch_keyboard_interrupt=False, **loop_kwargs,
-        )  # fmt: skip
-        if output[2].steps == 0:
-            warnings.warn(
-                f"train_loop: `test_dataset()` yielded no batch, so this epoch has "
-                f"no test metrics (monitors of them fail at this step). "
-                f"`test_dataset` must return a FRESH iterable each epoch: "
-                f"`lambda: make_batches()`, not `lambda: g` with one generator `g` "
-                f"(exhausted after the first epoch). Got {short(test_dataset, 80)}.",
-                stacklevel=2,
-            )
-        return output
-
-    return run_test
 
 
 def test_loop(

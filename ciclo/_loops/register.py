@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ciclo._loops.named import Table, When, aliases_of, resolve
-from ciclo._time import short
+from ciclo._callback import registered
+from ciclo._loops.tables import Table, resolve
+from ciclo._schedules.named import When, aliases_of
 
 
 class Gated:
@@ -57,37 +57,12 @@ def register(table: Table, state: Any, tasks: Any, callbacks: Any):
             ordinary.append((key, value))
     first: dict[str, list[Any]] = {}
     later: dict[str, list[Any]] = {}
+    hooks = {name: aliases_of(name) for name in table.own}
     for i, callback in enumerate(as_list(callbacks)):
-        if inspect.isclass(callback):
-            raise TypeError(
-                f"{table.loop}: callbacks[{i}] is the class {callback.__name__}, not "
-                f"a callback: build one first, e.g. {callback.__name__}(...)."
-            )
-        found = [
-            getattr(callback, a)
-            for name in table.own
-            for a in aliases_of(name)
-            if getattr(callback, a, None) is not None
-        ]
-        if not found:
-            hint = (
-                f" Did you pass the factory without calling it? Use "
-                f"{getattr(callback, '__name__', 'it')}(...)."
-                if inspect.isfunction(callback)
-                else ""
-            )
-            raise TypeError(
-                f"{table.loop}: callbacks[{i}] ({short(callback, 60)}) has no attribute "
-                f"named like a named schedule of {table.loop} ({list(table.own)}), "
-                f"so it cannot register itself.{hint} Otherwise put it in `tasks` "
-                f"with a schedule, e.g. {{ciclo.every(1): [callback]}}."
-            )
+        found = registered(callback, f"{table.loop}: callbacks[{i}]", hooks)
         where = first if getattr(callback, FIRST, False) else later
-        for name in table.own:
-            for attribute in aliases_of(name):
-                method = getattr(callback, attribute, None)
-                if method is not None:
-                    where.setdefault(name, []).append(method)
+        for name, methods in found.items():
+            where.setdefault(name, []).extend(methods)
     for name in table.own:
         named[name] += [*first.get(name, ()), *later.get(name, ())]
     return named, ordinary

@@ -560,3 +560,15 @@ class checkpoint:
         the best by `monitor`. See `ciclo.restore`."""
         self.wait()
         return _orbax.restore_from(self._open(), target_state, best, step)
+
+
+def resuming(callbacks: list[Any], directory: str | os.PathLike) -> list[Any]:
+    """`train_loop(resume=directory)`: `callbacks` with a checkpoint of `directory`
+    that resumes: the one already there (one writer per directory), else a new
+    one, saving at each epoch end."""
+    target = _orbax.path(directory)
+    for callback in callbacks:
+        if isinstance(callback, checkpoint) and callback.directory == target:
+            callback.resume = callback._resume_pending = True
+            return callbacks
+    return [*callbacks, checkpoint(directory, resume=True)]

@@ -40,7 +40,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from ciclo._history import History, _Column, _ElapsedColumn
+from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._time import Elapsed
 
@@ -489,35 +489,14 @@ def history_json(
 ) -> dict[str, Any]:
     """`history` (its lagged values fetched first), plus `row` — the current step's
     `(elapsed, logs)`, not committed yet — as the JSON of the `history` item."""
-    history._flush()
-    count = len(history)
-    fields = [array.array(c.values.typecode, c.values) for c in history._elapsed]
-    columns: dict[tuple[str, str], _Column] = {}
-    for key, column in history._columns.items():
-        if isinstance(column, _ElapsedColumn):
-            continue
-        copy = columns[key] = _Column()
-        copy.rows = array.array("q", column.rows)
-        values = column.values
-        copy.values = (
-            array.array(values.typecode, values)
-            if isinstance(values, array.array)
-            else list(values)
-        )
+    state = history.__getstate__()
     if row is not None and row[1]:
-        elapsed, logs = row
-        for field, value in zip(fields, _elapsed_values(elapsed)):
-            field.append(value)
-        for collection, name, value in jax.device_get(list(Logs(logs).entries())):
-            column = columns.get((collection, name))
-            if column is None:
-                column = columns[(collection, name)] = _Column()
-            column.rows.append(count)
-            column.append(value)
-        count += 1
-    out_columns = []
-    for (collection, name), column in columns.items():
-        values = column.values
+        copy = History.__new__(History)
+        copy.__setstate__(state)  # takes the copied arrays: `history` is untouched
+        copy.commit(*row)
+        state = copy.__getstate__()
+    columns = []
+    for collection, name, rows, values in state["columns"]:
         where = f"{collection}.{name}"
         if isinstance(values, array.array):
             encoded = _bytes(values)
@@ -530,49 +509,45 @@ def history_json(
                     stacklevel=4,
                 )
                 continue
-        out_columns.append(
+        columns.append(
             {
                 "collection": collection,
                 "name": name,
-                "rows": _bytes(column.rows),
+                "rows": _bytes(rows),
                 "values": encoded,
             }
         )
     return {
         "version": 1,
-        "rows": count,
-        "lag": history.lag,
-        "elapsed": [_bytes(f) for f in fields],
-        "columns": out_columns,
+        "rows": state["rows"],
+        "lag": state["lag"],
+        "elapsed": [_bytes(f) for f in state["elapsed"]],
+        "columns": columns,
     }
-
-
-def _elapsed_values(elapsed: Elapsed) -> tuple[int, int, float, float]:
-    return (
-        int(elapsed.steps),
-        int(elapsed.samples),
-        float(elapsed.time),
-        float(elapsed.date),
-    )
 
 
 def history_from_json(item: Mapping[str, Any] | None) -> History:
     """The `History` saved by `history_json` (an empty one for None)."""
     if item is None:
         return History()
-    history = History(lag=int(item.get("lag", 64)))
-    history._rows = int(item["rows"])
-    for column, field in zip(history._elapsed, item["elapsed"]):
-        column.values = _from_bytes(field)
-    history._fetched = history._rows
+    columns = []
     for saved in item["columns"]:
-        column = history._columns[(saved["collection"], saved["name"])] = _Column()
-        history._entries.append(column)
-        column.rows = _from_bytes(saved["rows"])
         values = saved["values"]
-        column.values = (
+        values = (
             [_decode(v) for v in values["list"]]
             if "list" in values
             else _from_bytes(values)
         )
+        columns.append(
+            (saved["collection"], saved["name"], _from_bytes(saved["rows"]), values)
+        )
+    history = History.__new__(History)
+    history.__setstate__(
+        {
+            "lag": int(item.get("lag", 64)),
+            "rows": int(item["rows"]),
+            "elapsed": [_from_bytes(field) for field in item["elapsed"]],
+            "columns": columns,
+        }
+    )
     return history

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 
 from ciclo._callback import arity, describe, inject, split_output
+from ciclo._fused import check_steps
 from ciclo._logs import LOSSES, METRICS, OUTPUTS, STATEFUL_METRICS, Logs
 from ciclo._strategies.base import Collectives, Strategy, is_stateful_metric
 from ciclo._strategies.registry import get_strategy
@@ -70,15 +71,8 @@ def reduce_logs(logs: Logs, collectives: Collectives) -> Logs:
 
 def check_fused(steps_per_call: Any, fused_logs: Any, where: str) -> None:
     """Validates the fused-execution options of a step or a state."""
-    if steps_per_call is not None and (
-        isinstance(steps_per_call, bool)
-        or not isinstance(steps_per_call, int)
-        or steps_per_call < 1
-    ):
-        raise TypeError(
-            f"{where}: steps_per_call must be a positive int (the steps run per "
-            f"compiled call), got {steps_per_call!r}."
-        )
+    if steps_per_call is not None:
+        check_steps(steps_per_call, where)
     if fused_logs is not None and fused_logs not in FUSED_LOGS:
         raise ValueError(
             f"{where}: fused_logs must be one of {FUSED_LOGS} (a history row per "

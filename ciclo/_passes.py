@@ -1,17 +1,15 @@
-"""Epochs of `train_loop`: the data as passes, and the epoch-end schedule."""
+"""`train_loop`'s data as passes: re-read per epoch, read one batch ahead when the
+epoch end needs to know whether the pass is exhausted."""
 
 from __future__ import annotations
 
 import inspect
 import itertools
-import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ciclo._logs import Logs
-from ciclo._resume import checkpointable
-from ciclo._schedules.base import Schedule
-from ciclo._time import Elapsed, Period, as_period
+from ciclo._resume import checkpointable, position
+from ciclo._time import short
 
 
 class Passes:
@@ -119,7 +117,7 @@ def passes(dataset: Any, epochs: int | None, where: str) -> Passes | None:
         TypeError: with `epochs`, for data that can be read only once.
     """
     if zero_argument_factory(dataset):
-        return Passes(lambda: _iter(dataset(), "`dataset()` returned"), epochs)
+        return Passes(lambda: iterate(dataset(), "`dataset()` returned"), epochs)
     if isinstance(dataset, Iterable) and iter(dataset) is not dataset:
         return Passes(lambda: iter(dataset), epochs)
     if epochs is not None and callable(dataset):
@@ -154,108 +152,40 @@ def zero_argument_factory(dataset: Any) -> bool:
     return False
 
 
-def _iter(batches: Any, what: str) -> Iterator[Any]:
+def iterate(batches: Any, what: str) -> Iterator[Any]:
     try:
         return iter(batches)
     except TypeError:
         raise TypeError(
-            f"train_loop: {what} {batches!r:.100} ({type(batches).__name__}), which "
+            f"train_loop: {what} {short(batches)} ({type(batches).__name__}), which "
             f"is not iterable; expected an iterable of batches."
         ) from None
 
 
-class EpochEnd(Schedule):
-    """Fires on the batches that end an epoch; reads the loop state.
-
-    A batch ends an epoch when its `elapsed_after` crosses a multiple of `duration`
-    (int steps or a `Period` of steps, samples, time) in any field, reaches `stop`,
-    or is the last of its pass (asked of `exhausted` only when neither holds and
-    no stop was requested, so no batch is read ahead for nothing). `start` is where
-    the loop starts counting, so resumed runs keep their epoch boundaries; `count`
-    is the number of epochs ended so far (`count_from` at the start). One decision
-    per batch: every named schedule of the epoch end gets the same answer.
+def train_data(
+    dataset: Any, epochs: int | None, epoch_duration: Any, elapsed: Any, start_at: Any
+) -> Passes:
+    """`train_loop`'s data: `Passes` over a re-iterable `dataset` or a zero-argument
+    factory (one pass; `epochs` passes with `epochs`; no bound when epochs are
+    durations), with the batches a resumed run consumed (`start_at`) skipped; else
+    one pass over the iterator positioned where the resumed run stopped.
 
     Raises:
-        ValueError: for a `duration` with a `date` or a field <= 0.
+        ValueError: for `epochs` that is not an int >= 1.
     """
-
-    reads_loop_state = True
-
-    def __init__(
-        self,
-        duration: int | Period | None,
-        stop: Period | None,
-        start: Elapsed,
-        exhausted: Callable[[], bool] | None,
-        count_from: int = 0,
+    if epochs is not None and (
+        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
     ):
-        self.duration = (
-            None if duration is None else as_period(duration, "epoch_duration")
+        raise ValueError(
+            f"train_loop: `epochs` must be an int >= 1 (passes over `dataset`, or "
+            f"epochs of `epoch_duration`), got {epochs!r}."
         )
-        fields = {} if self.duration is None else self.duration.fields()
-        if "date" in fields or any(amount <= 0 for amount in fields.values()):
-            raise ValueError(
-                f"`epoch_duration` must be positive steps, samples or time (a `date` "
-                f"is an instant, not a duration), e.g. ciclo.at(time=600); got "
-                f"{duration!r}."
-            )
-        self.stop, self.exhausted = stop, exhausted
-        self._fields = tuple(fields.items())  # read per batch: computed once
-        self._index, self._for, self._ended = self._indices(start), None, False
-        self.count = max(self._index, default=count_from)
-        self.decided = False  # a decision was taken for an earlier batch
-
-    def _indices(self, elapsed: Elapsed) -> tuple[int, ...]:
-        return tuple(math.floor(getattr(elapsed, f) / n) for f, n in self._fields)
-
-    def __call__(self, loop_state: Any) -> bool:
-        after = loop_state.elapsed_after
-        if after is not self._for:
-            ended = self.stop is not None and self.stop.reached(after)
-            index = self._indices(after)
-            ended = ended or any(new > old for new, old in zip(index, self._index))
-            requested = loop_state.stopping or loop_state.stop_iteration
-            if not ended and not requested and self.exhausted is not None:
-                ended = self.exhausted()
-            self._index, self._for, self._ended = index, after, ended
-            self.count += ended
-            self.decided = True
-        return self._ended
-
-    def begins(self) -> bool:
-        """Whether the current batch begins an epoch (asked before this batch's
-        decision: the first batch, or the one after an epoch end)."""
-        return not self.decided or self._ended
-
-    def __repr__(self) -> str:
-        return "epoch end"
-
-
-class EpochMeans:
-    """`train_loop(epoch_logs=True)`: adds up each train batch's losses and metrics
-    (weighted by its batch size, on the device: no host sync), and at the epoch end
-    logs their means as `{name}_epoch` in the same collection, then starts over."""
-
-    COLLECTIONS = ("losses", "metrics")
-
-    def __init__(self) -> None:
-        self._sums: dict[tuple[str, str], Any] = {}
-        self._sizes: dict[tuple[str, str], int] = {}
-
-    def add(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: Any) -> None:
-        size = loop_state.elapsed_after.samples - elapsed.samples
-        for collection in self.COLLECTIONS:
-            for name, value in (loop_state.logs.get(collection) or {}).items():
-                key = (collection, name)
-                total = self._sums.get(key)
-                weighted = value * size
-                self._sums[key] = weighted if total is None else total + weighted
-                self._sizes[key] = self._sizes.get(key, 0) + size
-
-    def means(self) -> Logs:
-        logs = Logs()
-        for (collection, name), total in self._sums.items():
-            size = max(self._sizes[(collection, name)], 1)
-            logs.add_entry(collection, f"{name}_epoch", total / size)
-        self._sums, self._sizes = {}, {}
-        return logs
+    data = None
+    if epochs is not None or zero_argument_factory(dataset):
+        repeat = 1 if epochs is None else epochs if epoch_duration is None else None
+        data = passes(dataset, repeat, "train_loop")
+    if data is None:
+        dataset = position(dataset, elapsed, start_at, "train_loop")
+        return Passes.once(iterate(dataset, "`dataset` is"))
+    data.skip(start_at.batches)
+    return data

@@ -1,11 +1,11 @@
-"""Named schedules (`ciclo.on_train_step`, ...) and, per predefined loop, the table
-of where each one runs. Everything about names lives here, as data.
+"""Named schedules (`ciclo.on_train_step`, ...): places in a predefined loop's
+order, usable as task keys and composable with ordinary schedules (`&`, `.every`).
+Where each one runs is in `ciclo._loops.tables`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any
 
 from ciclo._schedules.base import And, Schedule, fresh
@@ -193,111 +193,45 @@ ALIASES = {
     "reset_step": on_reset_step,
 }
 
-TASKS = "<tasks>"  # the ordinary schedules of `tasks`, in the order given
-NESTED = "<test loop>"  # train_loop's test loop(s)
-EPOCH_SUM = "<epoch sums>"  # train_loop(epoch_logs=True): adds up the step's logs
-EPOCH_LOGS = "<epoch logs>"  # train_loop(epoch_logs=True): logs the epoch's means
-
-
-BUILTIN = (TASKS, NESTED, EPOCH_SUM, EPOCH_LOGS)  # filled by the loop itself
-
-
-@dataclasses.dataclass(frozen=True)
-class Table:
-    """Where each named schedule of one predefined loop runs.
-
-    `start` runs once before the first batch's tasks, `end` after the last batch.
-    `epoch_begin` runs, in order, first on the batches that begin an epoch. `batch` runs for every batch in order; `epoch` runs, in order, after the
-    batch's `TASKS` on the batches that end an epoch; `batch_end` closes the batch.
-    `nested` are the names handed on to the test loop (train_loop only).
-    """
-
-    loop: str
-    start: tuple[str, ...]
-    epoch_begin: tuple[str, ...]
-    batch: tuple[str, ...]
-    epoch: tuple[str, ...]
-    batch_end: tuple[str, ...]
-    end: tuple[str, ...]
-    step: str
-    nested: tuple[str, ...] = ()
-
-    @property
-    def own(self) -> tuple[str, ...]:
-        """The named schedules this loop runs itself, in the order they run."""
-        names = (
-            *self.start, *self.epoch_begin, *self.batch, *self.epoch,
-            *self.batch_end, *self.end,
-        )  # fmt: skip
-        return tuple(n for n in names if n not in BUILTIN)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Every named schedule accepted in its `tasks` (its own, then nested)."""
-        return (*self.own, *(n for n in self.nested if n not in self.own))
-
-
-TEST = Table(
-    "test_loop",
-    start=(on_reset_step, on_test_begin),
-    epoch_begin=(),
-    batch=(on_test_batch_begin, on_test_step, TASKS),
-    epoch=(),
-    batch_end=(on_test_batch_end,),
-    end=(on_test_end,),
-    step=on_test_step,
-)
-TRAIN = Table(
-    "train_loop",
-    start=(on_train_begin,),
-    epoch_begin=(on_epoch_begin,),
-    batch=(on_train_batch_begin, on_train_step, TASKS, EPOCH_SUM),
-    epoch=(on_reset_step, NESTED, EPOCH_LOGS, on_epoch_end),
-    batch_end=(on_train_batch_end,),
-    end=(on_train_end,),
-    step=on_train_step,
-    nested=tuple(n for n in TEST.own if n != on_reset_step),  # resets run before it
-)
-PREDICT = Table(
-    "predict_loop",
-    start=(on_predict_begin,),
-    epoch_begin=(),
-    batch=(on_predict_batch_begin, on_predict_step, TASKS),
-    epoch=(),
-    batch_end=(on_predict_batch_end,),
-    end=(on_predict_end,),
-    step=on_predict_step,
-)
-TABLES = (TRAIN, TEST, PREDICT)
-
 
 def aliases_of(name: str) -> tuple[str, ...]:
     """The attribute names looked up for self-registration: the name, then aliases."""
     return (name, *(a for a, target in ALIASES.items() if target == name))
 
 
-def resolve(table: Table, name: str) -> str:
-    """The canonical named schedule for `name` (a name or an alias) in `table`.
+class Place(Schedule):
+    """A named schedule's place as an ordinary schedule, the key of a predefined
+    loop's compiled task dict (its repr is the name): every batch, or at an epoch
+    end (`epoch`, an `EpochEnd`) or begin (`begin`), gated by a `When`."""
 
-    Raises:
-        ValueError: if `name` is not a named schedule of that loop; the message
-            lists the valid ones and suggests the closest.
+    def __init__(self, name: str, epoch=None, when=None, begin=False):
+        self.name, self.epoch, self.when, self.begin = name, epoch, when, begin
+        self.gate = None if when is None else fresh(when.schedule)
+        self.gate_reads = bool(getattr(self.gate, "reads_loop_state", False))
+        self.reads_loop_state = epoch is not None or self.gate_reads
+        self.count = 0  # firings, for `every` off the epoch ends
 
-    Example:
-        >>> from ciclo._loops.named import TRAIN, resolve
-        >>> resolve(TRAIN, "train_step")
-        'on_train_step'
-    """
-    canonical = ALIASES.get(name, name)
-    if canonical in table.names:
-        return canonical
-    aliases = [a for a, target in ALIASES.items() if target in table.names]
-    close = difflib.get_close_matches(name, [*table.names, *aliases], n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    owners = [t.loop for t in TABLES if canonical in t.own]
-    where = f" ({name!r} belongs to {', '.join(owners)}.)" if owners else ""
-    raise ValueError(
-        f"Unknown named schedule {name!r} for {table.loop}.{hint}{where} Valid named "
-        f"schedules: {list(table.names)}; aliases: {aliases}. Ordinary schedules "
-        f"such as ciclo.every(10) are accepted too."
-    )
+    def __call__(self, elapsed_or_loop_state: Any) -> bool:
+        x = elapsed_or_loop_state
+        fires = self.epoch is None or (
+            self.epoch.begins() if self.begin else self.epoch(x)
+        )
+        if not fires:
+            return False
+        if self.when is None:
+            return True
+        if self.when.every is not None:
+            if self.epoch is not None:  # the epoch's number, a resumed run's too
+                number = self.epoch.count + self.begin
+            else:
+                number = self.count = self.count + 1
+            if number % self.when.every:
+                return False
+        if self.gate is None:
+            return True
+        if self.reads_loop_state and not self.gate_reads:
+            x = x.elapsed
+        return bool(self.gate(x))
+
+    def __repr__(self) -> str:
+        return repr(self.name) if self.when is None else repr(self.when)

@@ -1,0 +1,85 @@
+"""The epoch-end schedule of `train_loop`, over `loop_state.elapsed_after`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ciclo._schedules.base import Schedule
+from ciclo._time import Elapsed, Period, as_period
+
+
+class EpochEnd(Schedule):
+    """Fires on the batches that end an epoch; reads the loop state.
+
+    A batch ends an epoch when its `elapsed_after` crosses a multiple of `duration`
+    (int steps or a `Period` of steps, samples, time) in any field, reaches `stop`,
+    or is the last of its pass (asked of `exhausted` only when neither holds and
+    no stop was requested, so no batch is read ahead for nothing). `start` is where
+    the loop starts counting, so resumed runs keep their epoch boundaries; `count`
+    is the number of epochs ended so far (`count_from` at the start). One decision
+    per batch: every named schedule of the epoch end gets the same answer.
+
+    Raises:
+        ValueError: for a `duration` with a `date` or a field <= 0.
+    """
+
+    reads_loop_state = True
+
+    def __init__(
+        self,
+        duration: int | Period | None,
+        stop: Period | None,
+        start: Elapsed,
+        exhausted: Callable[[], bool] | None,
+        count_from: int = 0,
+    ):
+        self.duration = (
+            None if duration is None else as_period(duration, "epoch_duration")
+        )
+        fields = {} if self.duration is None else self.duration.fields()
+        if "date" in fields or any(amount <= 0 for amount in fields.values()):
+            raise ValueError(
+                f"`epoch_duration` must be positive steps, samples or time (a `date` "
+                f"is an instant, not a duration), e.g. ciclo.at(time=600); got "
+                f"{duration!r}."
+            )
+        self.stop, self.exhausted = stop, exhausted
+        self._fields = tuple(fields.items())  # read per batch: computed once
+        self._index, self._for, self._ended = self._indices(start), None, False
+        self.count = max(self._index, default=count_from)
+        self.decided = False  # a decision was taken for an earlier batch
+
+    def _indices(self, elapsed: Elapsed) -> tuple[int, ...]:
+        return tuple(math.floor(getattr(elapsed, f) / n) for f, n in self._fields)
+
+    def __call__(self, loop_state: Any) -> bool:
+        after = loop_state.elapsed_after
+        if after is not self._for:
+            ended = self.stop is not None and self.stop.reached(after)
+            index = self._indices(after)
+            ended = ended or any(new > old for new, old in zip(index, self._index))
+            requested = loop_state.stopping or loop_state.stop_iteration
+            if not ended and not requested and self.exhausted is not None:
+                ended = self.exhausted()
+            self._index, self._for, self._ended = index, after, ended
+            self.count += ended
+            self.decided = True
+        return self._ended
+
+    def begins(self) -> bool:
+        """Whether the current batch begins an epoch (asked before this batch's
+        decision: the first batch, or the one after an epoch end)."""
+        return not self.decided or self._ended
+
+    def __repr__(self) -> str:
+        return "epoch end"
+
+
+def epochs_end(stop: Period | None, duration: Period, epochs: int) -> Period:
+    """`stop`, or the end of epoch `epochs` of `duration`, whichever comes first."""
+    fields = {f: n * epochs for f, n in duration.fields().items()}
+    for f, n in ({} if stop is None else stop.fields()).items():
+        fields[f] = min(n, fields.get(f, n))
+    return Period.create(**fields)
