@@ -145,6 +145,8 @@ class History:
             for name, column in zip(_ELAPSED_FIELDS, self._elapsed)
         }
         self._entries: list[_Column] = []  # the columns of logged entries
+        # collection -> name -> column: `_columns` without building a key per entry
+        self._by_collection: dict[str, dict[str, _Column]] = {}
         self._fetched = 0  # rows below this one are all on the host
         self._started = 0  # rows below this one are on the host or in flight
         # started transfers, oldest first: (rows below `upto`, [(column, n)], transfer)
@@ -163,19 +165,20 @@ class History:
         Raises:
             TypeError: if `logs` is not a dict of collections to entries.
         """
-        if not isinstance(logs, Logs):
+        if type(logs) is not Logs and not isinstance(logs, Logs):
             logs = Logs(logs)
         if self._writing:
             self._heal()
         self._writing = True
-        row, columns = self._rows, self._columns
+        row, by_collection = self._rows, self._by_collection
         for collection, entries in logs.items():
+            named = by_collection.get(collection)
+            if named is None:
+                named = by_collection[collection] = {}
             for name, value in entries.items():
-                column = columns.get((collection, name))
+                column = named.get(name)
                 if column is None:
-                    column = _Column()
-                    self._entries.append(column)  # flushed before it is readable
-                    columns[(collection, name)] = column
+                    column = named[name] = self._column(collection, name)
                 column.rows.append(row)
                 column.pending.append(value)
         steps, samples, time, date = self._elapsed
@@ -191,6 +194,15 @@ class History:
             self._advance()
         self._writing = False
 
+    def _column(self, collection: str, name: str) -> _Column:
+        """The column of an entry, registered (empty) if it is new."""
+        column = self._columns.get((collection, name))
+        if column is None:
+            column = _Column()
+            self._entries.append(column)  # flushed before it is readable
+            self._columns[(collection, name)] = column
+        return column
+
     def _heal(self) -> None:
         """Undoes what a commit or flush cut short (by Ctrl-C) left behind.
 
@@ -200,6 +212,7 @@ class History:
         column registered without entries is removed.
         """
         rows = self._rows
+        self._by_collection.clear()  # columns may be removed below
         self._in_flight.clear()  # their values are still pending: fetched again
         self._started = self._fetched
         for column in self._elapsed:
@@ -247,12 +260,9 @@ class History:
         self._writing = True  # rows are published by `_rows`, as in `commit`
         per_step = steps.samples // n
         in_last = {(c, name) for c, name, _ in logs.entries()}
-        first, columns = self._rows, self._columns
+        first = self._rows
         for collection, name, value in Logs(rows).entries():
-            column = columns.get((collection, name))
-            if column is None:
-                column = columns[(collection, name)] = _Column()
-                self._entries.append(column)
+            column = self._column(collection, name)
             count = n - 1 if (collection, name) in in_last else n
             column.rows.extend(range(first, first + count))
             column.pending.extend(Row(value, i) for i in range(count))
@@ -269,6 +279,9 @@ class History:
         last = new_elapsed(
             s0 + n - 1, m0 + (n - 1) * per_step, elapsed.date, elapsed.date_start
         )
+        # rows 0 .. n-2 are published and whole: nothing for `commit` to heal (which
+        # would drop the transfers in flight)
+        self._writing = False
         self.commit(last, logs)
 
     def _advance(self) -> None:

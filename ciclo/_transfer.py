@@ -68,21 +68,22 @@ def start(groups: list[list[Any]]) -> Transfer:
     for values in groups:
         first = values[0]
         dtype = getattr(first, "dtype", None)
+        keys = list(map(id, values))
+        distinct = dict(zip(keys, values))  # by identity, in order
         if (
             type(first) is array_impl
             and first.ndim == 0
             and first.dtype.kind in "iuf"
-            and all(type(v) is array_impl and v.dtype == dtype for v in values)
+            and all(
+                type(v) is array_impl and v.dtype == dtype for v in distinct.values()
+            )
         ):  # the common column: device scalars (a shape mismatch is caught later)
             bucket, seen = scalars.setdefault(dtype, ([], {}))
-            index = []
-            for v in values:
-                i = seen.get(id(v))
-                if i is None:
-                    i = seen[id(v)] = len(bucket)
-                    bucket.append(v)
-                index.append(i)
-            plans.append([["scalar", dtype, index]])
+            for key, value in distinct.items():
+                if key not in seen:
+                    seen[key] = len(bucket)
+                    bucket.append(value)
+            plans.append([["scalar", dtype, list(map(seen.__getitem__, keys))]])
             continue
         plan: list[list[Any]] = []  # [kind, source, indices] runs
         for v in values:

@@ -27,6 +27,7 @@ WATCHED = {
     for f in (
         _history.History.commit,
         _history.History._flush,
+        _history.History._column,
         _history.History._advance,
         _history.History._take,
         _history.History._start,
