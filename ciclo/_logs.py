@@ -249,7 +249,12 @@ def logs(collections: Mapping[str, Mapping[str, Any]] | None = None) -> Logs:
         >>> dict(logs.add_metrics(accuracy=0.9).metrics)
         {'accuracy': 0.9}
     """
+    if collections is None:  # every step of most callbacks: no __init__ call
+        return _new_logs(Logs)
     return Logs(collections)
+
+
+_new_logs = Logs.__new__
 
 
 def _flatten_dict(d: dict):

@@ -136,10 +136,14 @@ class Transfer:
     def result(self) -> list[np.ndarray | list[Any]]:
         """Each group on the host: one numpy array when its parts share a dtype
         (appended in bulk), else a list."""
+        # explicit transfers (allowed under jax.transfer_guard("disallow")); a list
+        # holds scalars that could not be stacked, already on the host
         host = {
-            key: np.asarray(value) if isinstance(value, jax.Array) else value
+            key: np.asarray(jax.device_get(value))
+            if isinstance(value, jax.Array)
+            else value
             for key, value in self._host.items()
-        }  # a list: scalars that could not be stacked, already on the host
+        }
         others = to_host(self._others) if self._others else self._others
         out: list[Any] = []
         for plan in self._plans:

@@ -117,6 +117,20 @@ def test_a_value_logged_twice_is_transferred_once():
     assert stacked.shape == (4,)  # 4 distinct values, each stacked once
 
 
+def test_one_value_logged_in_several_columns_and_rows_comes_back_in_each():
+    history = ciclo.history(lag=4)  # transfers started and read during the commits
+    shared, other = jnp.float32(0.5), jnp.int32(7)
+    with jax.transfer_guard_device_to_host("disallow"):  # explicit transfers only
+        for step in range(11):
+            logs = ciclo.logs().add_loss("loss", shared, add_metric=True)
+            logs.add_metric("count", other if step % 2 else jnp.int32(step))
+            history.commit(ciclo.Elapsed.create(steps=step), logs)
+        loss, metric, count = history.collect("losses.loss", "metrics.loss", "count")
+    assert loss == metric == [0.5] * 11
+    assert count == [7 if step % 2 else step for step in range(11)]
+    assert all(type(c) is int for c in count)
+
+
 @jax.jit
 def _slow(x):
     return jax.lax.fori_loop(0, 200, lambda _, m: jnp.tanh(m @ m / 256.0), x).mean()
