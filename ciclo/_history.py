@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import array
 import bisect
+import collections
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -108,12 +108,14 @@ class History:
     """The committed logs of a run: one row per step that logged.
 
     Values are kept on device when committed and brought to the host in batches
-    (or all at once when read): every `lag` commits, the oldest rows whose values
-    are already computed are fetched in one `jax.device_get`, which does not wait
-    for the device. Only when `4 * lag` rows are still pending (the device is far
-    behind) does a commit wait for the oldest `lag` of them, which bounds the device
-    memory held by pending values; the device still has `3 * lag` steps queued
-    then. Storage is column-wise: a logged scalar costs ~16 bytes.
+    (or all at once when read): every `lag` commits, a transfer of the rows
+    committed since is started (device scalars stacked on the device, not waited
+    for), and the transfers started before whose values are computed are read,
+    so a commit never waits for the device. Only when `4 * lag` rows are still
+    not on the host (the device is far behind) does a commit wait for the oldest
+    `lag` of them, which bounds the device memory held by pending values; the
+    device still has about `3 * lag` steps queued then. Storage is column-wise: a
+    logged scalar costs ~16 bytes.
 
     Args:
         lag: how often (in commits) ready values are fetched; `4 * lag` bounds the
@@ -143,7 +145,12 @@ class History:
             for name, column in zip(_ELAPSED_FIELDS, self._elapsed)
         }
         self._entries: list[_Column] = []  # the columns of logged entries
+        # collection -> name -> column: `_columns` without building a key per entry
+        self._by_collection: dict[str, dict[str, _Column]] = {}
         self._fetched = 0  # rows below this one are all on the host
+        self._started = 0  # rows below this one are on the host or in flight
+        # started transfers, oldest first: (rows below `upto`, [(column, n)], transfer)
+        self._in_flight: collections.deque[tuple[int, list, Any]] = collections.deque()
         # True while a commit or flush is under way: one that is still True when
         # the next starts was cut short (Ctrl-C), and `_heal` undoes its traces.
         self._writing = False
@@ -158,19 +165,20 @@ class History:
         Raises:
             TypeError: if `logs` is not a dict of collections to entries.
         """
-        if not isinstance(logs, Logs):
+        if type(logs) is not Logs and not isinstance(logs, Logs):
             logs = Logs(logs)
         if self._writing:
             self._heal()
         self._writing = True
-        row, columns = self._rows, self._columns
+        row, by_collection = self._rows, self._by_collection
         for collection, entries in logs.items():
+            named = by_collection.get(collection)
+            if named is None:
+                named = by_collection[collection] = {}
             for name, value in entries.items():
-                column = columns.get((collection, name))
+                column = named.get(name)
                 if column is None:
-                    column = _Column()
-                    self._entries.append(column)  # flushed before it is readable
-                    columns[(collection, name)] = column
+                    column = named[name] = self._column(collection, name)
                 column.rows.append(row)
                 column.pending.append(value)
         steps, samples, time, date = self._elapsed
@@ -181,13 +189,19 @@ class History:
         # Publishing the row is this one store: cut short before it, the entries
         # appended above are left-overs that `_heal` removes; after it, the row
         # is complete. So an interrupted commit leaves the row out or in, whole.
-        self._rows = row + 1
-        behind = self._rows - self._fetched
-        if behind >= 4 * self.lag:
-            self._flush(self._fetched + self.lag)  # the device is far behind: wait
-        elif behind % self.lag == 0:
-            self._flush(self._ready())
+        self._rows = row = row + 1
+        if row - self._started >= self.lag or row - self._fetched >= 4 * self.lag:
+            self._advance()
         self._writing = False
+
+    def _column(self, collection: str, name: str) -> _Column:
+        """The column of an entry, registered (empty) if it is new."""
+        column = self._columns.get((collection, name))
+        if column is None:
+            column = _Column()
+            self._entries.append(column)  # flushed before it is readable
+            self._columns[(collection, name)] = column
+        return column
 
     def _heal(self) -> None:
         """Undoes what a commit or flush cut short (by Ctrl-C) left behind.
@@ -198,6 +212,9 @@ class History:
         column registered without entries is removed.
         """
         rows = self._rows
+        self._by_collection.clear()  # columns may be removed below
+        self._in_flight.clear()  # their values are still pending: fetched again
+        self._started = self._fetched
         for column in self._elapsed:
             del column.values[rows:]
         for column in self._entries:
@@ -243,12 +260,9 @@ class History:
         self._writing = True  # rows are published by `_rows`, as in `commit`
         per_step = steps.samples // n
         in_last = {(c, name) for c, name, _ in logs.entries()}
-        first, columns = self._rows, self._columns
+        first = self._rows
         for collection, name, value in Logs(rows).entries():
-            column = columns.get((collection, name))
-            if column is None:
-                column = columns[(collection, name)] = _Column()
-                self._entries.append(column)
+            column = self._column(collection, name)
             count = n - 1 if (collection, name) in in_last else n
             column.rows.extend(range(first, first + count))
             column.pending.extend(Row(value, i) for i in range(count))
@@ -259,39 +273,73 @@ class History:
         samples.values.extend([m0 + i * per_step for i in range(n - 1)])
         time.values.extend([float(elapsed.time)] * (n - 1))
         date.values.extend([float(elapsed.date)] * (n - 1))
-        before = self._rows - self._fetched
-        self._rows = first + n - 1
-        behind = self._rows - self._fetched
-        if behind >= 4 * self.lag:
-            self._flush(self._fetched + self.lag)
-        elif behind // self.lag != before // self.lag:
-            self._flush(self._ready())
+        self._rows = row = first + n - 1
+        if row - self._started >= self.lag or row - self._fetched >= 4 * self.lag:
+            self._advance()
         last = new_elapsed(
             s0 + n - 1, m0 + (n - 1) * per_step, elapsed.date, elapsed.date_start
         )
+        # rows 0 .. n-2 are published and whole: nothing for `commit` to heal (which
+        # would drop the transfers in flight)
+        self._writing = False
         self.commit(last, logs)
 
-    def _ready(self) -> int:
-        """The first row whose values are not all computed (checked without waiting)."""
-        first = self._rows
-        array_impl = transfer.array_type()  # None until the first device fetch
+    def _advance(self) -> None:
+        """The lagged transfer, every `lag` commits: reads the started transfers
+        whose values are computed (oldest first, without waiting), then starts
+        one for the rows committed since. When `4 * lag` rows are not on the host
+        yet (the device is far behind), waits for the oldest `lag` of them."""
+        in_flight = self._in_flight
+        wait = self._rows - self._fetched >= 4 * self.lag
+        goal = self._fetched + self.lag
+        while in_flight and (
+            in_flight[0][2].ready() or (wait and self._fetched < goal)
+        ):
+            self._complete()
+        if wait and self._fetched < goal:  # nothing was in flight for those rows
+            self._flush(goal)
+        if self._rows - self._started >= self.lag:
+            self._start(self._rows)
+
+    def _take(self, upto: int) -> list[tuple[_Column, int, int]]:
+        """`(column, skip, n)`: the `n` pending values of each column for rows below
+        `upto`, after the `skip` ones already in flight."""
+        claimed: dict[int, int] = {}
+        for _, taken, _ in self._in_flight:
+            for column, n in taken:
+                claimed[id(column)] = claimed.get(id(column), 0) + n
+        out = []
         for column in self._entries:
             pending = column.pending
-            if not pending:
+            skip = claimed.get(id(column), 0)
+            if len(pending) <= skip:
                 continue
-            rows = column.rows
-            for i, value in enumerate(pending, len(rows) - len(pending)):
-                if rows[i] >= first:
-                    break
-                if type(value) is not array_impl:  # the common case, checked first
-                    if type(value) is Row:
-                        value = value.stacked
-                    if not isinstance(value, jax.Array):
-                        continue
-                if not value.is_ready():
-                    first = rows[i]
-                    break
-        return first
+            first = len(column.rows) - len(pending) + skip
+            n = bisect.bisect_left(column.rows, upto, lo=first) - first
+            if n:
+                out.append((column, skip, n))
+        return out
+
+    def _start(self, upto: int) -> None:
+        """Starts the transfer of the rows in flight-free rows below `upto`."""
+        taken = self._take(upto)
+        if taken:
+            started = transfer.start([c.pending[s : s + n] for c, s, n in taken])
+            self._in_flight.append((upto, [(c, n) for c, _, n in taken], started))
+        elif not self._in_flight:
+            self._fetched = upto
+        self._started = upto
+
+    def _complete(self) -> None:
+        """Reads the oldest transfer in flight (waiting for it if needed) into its
+        columns."""
+        upto, taken, started = self._in_flight[0]
+        fetched = started.result()  # before anything changes: Ctrl-C loses nothing
+        for (column, n), values in zip(taken, fetched):
+            column.extend(values)
+            column.pending = column.pending[n:]
+        self._in_flight.popleft()
+        self._fetched = upto
 
     def _flush(self, upto: int | None = None) -> None:
         """Brings the values of rows below `upto` (all by default) to the host."""
@@ -303,22 +351,18 @@ class History:
         if upto <= self._fetched:
             return
         self._writing = True
-        taken = []
-        for column in self._entries:
-            pending = column.pending
-            if not pending:
-                continue
-            start = len(column.rows) - len(pending)
-            n = bisect.bisect_left(column.rows, upto, lo=start) - start
-            if n:
-                taken.append((column, n))
-        if taken:
-            # fetched before anything changes: Ctrl-C in the transfer loses nothing
-            fetched = transfer.fetch([c.pending[:n] for c, n in taken])
-            for (column, n), values in zip(taken, fetched):
-                column.extend(values)
-                column.pending = column.pending[n:]
-        self._fetched = upto
+        while self._in_flight and self._fetched < upto:
+            self._complete()
+        if self._fetched < upto:
+            taken = self._take(upto)
+            if taken:
+                # fetched before anything changes: Ctrl-C in the transfer loses nothing
+                fetched = transfer.fetch([c.pending[:n] for c, _, n in taken])
+                for (column, _, n), values in zip(taken, fetched):
+                    column.extend(values)
+                    column.pending = column.pending[n:]
+            self._fetched = upto
+            self._started = max(self._started, upto)
         if standalone:
             self._writing = False
 

@@ -46,7 +46,7 @@ class Logs(dict):
     """
 
     def __init__(self, collections: Mapping[str, Mapping[str, Any]] | None = None):
-        super().__init__()
+        # dict.__new__ made the empty dict: no dict.__init__ call (the hot path)
         if collections:
             self.merge(collections)
 
@@ -83,7 +83,11 @@ class Logs(dict):
 
     def add_metric(self, name: str, value: Any) -> Logs:
         """Adds `value` to the `metrics` collection."""
-        return self.add_entry(METRICS, name, value)
+        entries = self.get(METRICS)  # add_entry, inlined: called every step
+        if entries is None:
+            entries = self[METRICS] = Entries()
+        entries[name] = value
+        return self
 
     def add_metrics(self, values: Mapping[str, Any] | None = None, /, **kwargs) -> Logs:
         """Adds several entries to the `metrics` collection."""
@@ -91,7 +95,10 @@ class Logs(dict):
 
     def add_loss(self, name: str, value: Any, *, add_metric: bool = False) -> Logs:
         """Adds `value` to `losses` (and to `metrics` too with `add_metric=True`)."""
-        self.add_entry(LOSSES, name, value)
+        entries = self.get(LOSSES)  # add_entry, inlined: called every step
+        if entries is None:
+            entries = self[LOSSES] = Entries()
+        entries[name] = value
         if add_metric:
             return self.add_entry(METRICS, name, value)
         return self
@@ -242,7 +249,12 @@ def logs(collections: Mapping[str, Mapping[str, Any]] | None = None) -> Logs:
         >>> dict(logs.add_metrics(accuracy=0.9).metrics)
         {'accuracy': 0.9}
     """
+    if collections is None:  # every step of most callbacks: no __init__ call
+        return _new_logs(Logs)
     return Logs(collections)
+
+
+_new_logs = Logs.__new__
 
 
 def _flatten_dict(d: dict):
@@ -256,9 +268,11 @@ def _flatten_dict_fast(d: dict):
 
 
 def _unflatten(cls):
-    def unflatten(keys, children):
-        out = cls()
-        dict.update(out, zip(keys, children))
+    new, update = cls.__new__, dict.update
+
+    def unflatten(keys, children):  # every jitted step's output: no __init__ call
+        out = new(cls)
+        update(out, zip(keys, children))
         return out
 
     return unflatten

@@ -164,8 +164,13 @@ class _Apply:
         self.callback, self.where, self.checked = callback, where, False
 
     def __call__(self, output: Any, ls: LoopState) -> None:
+        if output is None:
+            return
         callback = self.callback
-        logs, state = split_output(output, callback)
+        if type(output) is Logs:  # the common outputs first, as split_output reads
+            logs, state = output, None
+        else:
+            logs, state = split_output(output, callback)
         if logs:
             target = ls.logs
             if not target and type(logs) is Logs:
@@ -483,10 +488,11 @@ class _Run:
         ls, plan, stop, history = self.ls, self.plan, self.stop, self.ls.history
         size_fn = self.batch_size_fn
         current = self.current
+        new_logs = Logs.__new__  # an empty Logs, without a Python __init__ call
         if stop is not None and stop.reached(current):
             iterator = iter(())
         for batch in iterator:
-            ls.batch, ls.elapsed, ls.logs = batch, current, Logs()
+            ls.batch, ls.elapsed, ls.logs = batch, current, new_logs(Logs)
             if not self.started:  # with the first batch, before its tasks
                 self._on_start()
                 if ls.stop_iteration or ls.stopping:
