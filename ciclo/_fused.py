@@ -38,10 +38,13 @@ def _signature(batch: Any) -> tuple[Any, ...]:
     list or dict of numpy arrays (the common batch) is read without flattening."""
     kind = type(batch)
     if kind is tuple or kind is list or kind is dict:
-        leaves = batch.values() if kind is dict else batch
-        if all(type(x) is np.ndarray for x in leaves):
-            keys = tuple(batch) if kind is dict else len(batch)
-            return (kind, keys, *((x.shape, x.dtype) for x in leaves))
+        signature = [kind, *batch] if kind is dict else [kind, len(batch)]
+        for x in batch.values() if kind is dict else batch:
+            if type(x) is not np.ndarray:
+                break
+            signature += (x.shape, x.dtype)
+        else:
+            return tuple(signature)
     leaves, tree = jax.tree.flatten(batch)
     return (
         tree,

@@ -397,7 +397,7 @@ class History:
     def __setstate__(self, state: Mapping[str, Any]) -> None:
         """The history `__getstate__` described (its arrays are taken, not copied)."""
         self.__init__(lag=int(state["lag"]))
-        self._rows = self._fetched = int(state["rows"])
+        self._rows = self._fetched = self._started = int(state["rows"])
         for column, values in zip(self._elapsed, state["elapsed"]):
             column.values = values
         for collection, name, rows, values in state["columns"]:
