@@ -17,8 +17,17 @@ first and reuses its compiled step):
   keras spe=1    Keras 3 `model.fit` (JAX backend), steps_per_execution=1
   keras spe=32   same, steps_per_execution=32
 
-Variants are interleaved over `--rounds` rounds (the machine's noise hits all of
-them alike); the table gives the median steps/s and its ratio to the raw loop.
+Two calibration rows say what the machine allows (they are not ciclo):
+
+  raw + 5 us     the raw loop plus 5 us of pure-Python busy work per step: what any
+                 per-step host work costs here (the loop's own work competes with
+                 the dispatch for the same cores when the step is this small)
+  raw scan K=32  the raw step under a hand-written `jax.lax.scan` over 32 batches
+                 stacked with `np.stack` per call: the ceiling for a fused mode
+
+Each round runs every variant right next to a raw run (the order within the pair
+alternating between rounds) and takes the ratio within the pair; the table gives
+each variant's median steps/s and the median and range of its paired ratios.
 Results go in benchmarks/RESULTS.md by hand, with the machine and date.
 """
 
@@ -98,6 +107,47 @@ def run_raw(batches, steps, _):
     losses = []
     for x, y in stream(batches, steps):
         params, opt_state, loss = raw_step(params, opt_state, x, y)
+        losses.append(loss)
+    jax.block_until_ready((params, losses))
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def run_raw_busy(batches, steps, _):
+    params = jax.device_put(init_params())
+    opt_state = TX.init(params)
+    losses = []
+    for x, y in stream(batches, steps):
+        params, opt_state, loss = raw_step(params, opt_state, x, y)
+        losses.append(loss)
+        _busy(5e-6)
+    jax.block_until_ready((params, losses))
+
+
+@jax.jit
+def raw_scan(params, opt_state, xs, ys):
+    def body(carry, batch):
+        params, opt_state, loss = raw_step(*carry, *batch)
+        return (params, opt_state), loss
+
+    (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), (xs, ys))
+    return params, opt_state, losses
+
+
+def run_raw_scan(batches, steps, _):
+    params = jax.device_put(init_params())
+    opt_state = TX.init(params)
+    losses = []
+    data = stream(batches, steps)
+    for _ in range(steps // K):
+        group = [next(data) for _ in range(K)]
+        xs = np.stack([x for x, _ in group])
+        ys = np.stack([y for _, y in group])
+        params, opt_state, loss = raw_scan(params, opt_state, xs, ys)
         losses.append(loss)
     jax.block_until_ready((params, losses))
 
@@ -201,11 +251,18 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None, help="variant names")
     args = parser.parse_args()
+    if args.steps % K:
+        parser.error(f"--steps must be a multiple of {K} (the fused variants' K)")
     import keras
 
     batches = digits_batches()
     variants = {
         "raw jitted loop": (run_raw, lambda: None),
+        "(calibration) raw + 5 us host work per step": (run_raw_busy, lambda: None),
+        f"(calibration) raw step under a hand-written scan, K={K}": (
+            run_raw_scan,
+            lambda: None,
+        ),
         "ciclo.loop (managed step)": (run_loop, managed_state),
         "train_loop + keras_bar + history": (run_train_loop, managed_state),
         "create_flax_state one-liner": (run_flax, flax_state),
@@ -224,29 +281,47 @@ def main():
     for name, (run, make) in variants.items():  # compile and warm up
         states[name] = make()
         run(batches, 2 * K, states[name])
+
+    def timed(name: str) -> float:
+        run = variants[name][0]
+        start = time.perf_counter()
+        inner = run(batches, args.steps, states[name])
+        return inner if inner is not None else time.perf_counter() - start
+
+    # Each variant runs right next to its own raw run (the order within the pair
+    # alternates), and its ratio is taken within the pair: the VM's speed drifts
+    # between minutes, so a ratio of two runs seconds apart is far steadier than
+    # one of two medians.
+    raw_name = "raw jitted loop"
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, (run, _) in variants.items():
-            state = states[name]
-            start = time.perf_counter()
-            inner = run(batches, args.steps, state)
-            times[name].append(
-                inner if inner is not None else time.perf_counter() - start
-            )
-    median = {name: float(np.median(t)) for name, t in times.items()}
-    raw = median["raw jitted loop"]
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
+    for round_ in range(args.rounds):
+        for name in variants:
+            if name == raw_name:
+                continue
+            if round_ % 2:
+                t_variant, t_raw = timed(name), timed(raw_name)
+            else:
+                t_raw, t_variant = timed(raw_name), timed(name)
+            times[name].append(t_variant)
+            times[raw_name].append(t_raw)
+            ratios[name].append(t_raw / t_variant)
+    ratios[raw_name] = [1.0]
     print(
         f"# {platform.node()} | {platform.processor() or platform.machine()} | "
         f"{os.cpu_count()} cpus | jax {jax.__version__} ({jax.devices()[0].platform}) | "
         f"keras {keras.__version__} | {time.strftime('%Y-%m-%d')} | "
-        f"{args.steps} steps x {args.rounds} rounds, median"
+        f"{args.steps} steps x {args.rounds} rounds, each paired with a raw run"
     )
     print()
-    print("| variant | steps/s (median) | × raw loop |")
-    print("| --- | ---: | ---: |")
+    print("| variant | steps/s (median) | × raw loop (median of pairs) | range |")
+    print("| --- | ---: | ---: | ---: |")
     for name in variants:
+        steps_per_s = args.steps / float(np.median(times[name]))
+        r = ratios[name]
         print(
-            f"| {name} | {args.steps / median[name]:,.0f} | {raw / median[name]:.2f} |"
+            f"| {name} | {steps_per_s:,.0f} | {float(np.median(r)):.2f} | "
+            f"{min(r):.2f}–{max(r):.2f} |"
         )
 
 
