@@ -370,7 +370,12 @@ def sigint_run(tmp_path_factory):
     """One subprocess runs every writer in one loop and gets an external SIGINT
     mid-loop; returns its output folder and what it committed to its history."""
     out = tmp_path_factory.mktemp("sigint")
-    env = {**os.environ, "WANDB_SILENT": "true", "WANDB_MODE": "offline"}
+    env = {
+        **os.environ,
+        "WANDB_SILENT": "true",
+        "WANDB_MODE": "offline",
+        "PYTHONFAULTHANDLER": "1",  # SIGABRT below dumps every thread's stack
+    }
     with subprocess.Popen(
         [sys.executable, "-c", SIGINT_CHILD, str(out)],
         stdout=subprocess.PIPE,
@@ -383,7 +388,13 @@ def sigint_run(tmp_path_factory):
             line = child.stdout.readline()  # blocks until the loop is running
             assert line.strip() == "ready", line + child.stderr.read()[-2000:]
             child.send_signal(signal.SIGINT)
-            stdout, stderr = child.communicate(timeout=120)
+            try:
+                stdout, stderr = child.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                # a loop that ignores Ctrl-C: fail with where every thread hangs
+                child.send_signal(signal.SIGABRT)
+                _, stderr = child.communicate(timeout=30)
+                pytest.fail(f"the loop did not end after SIGINT:\n{stderr[-6000:]}")
         finally:
             if child.poll() is None:
                 child.kill()
