@@ -245,9 +245,15 @@ def test_ctrl_c_landing_inside_a_write_loses_no_row_and_doubles_none(tmp_path):
     # SIGINT arrives while the writer writes row 3 (during batch 4's call): the
     # writer finishes its call first, then the loop sees Ctrl-C; batch 4 had not
     # changed the state, so it does not count
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT has a custom handler here")
+    # Ctrl-C as in a terminal, also where the test runner ignores SIGINT
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupted_write_run(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
+
+def _interrupted_write_run(tmp_path):
     def log_loss(state, batch):
         return ciclo.logs().add_loss("loss", state)
 
@@ -328,8 +334,12 @@ def test_writer_keeps_the_last_row_when_the_dataset_fails_after_it(tmp_path):
 
 SIGINT_CHILD = textwrap.dedent(
     """
-    import itertools, json, os, sys, time
+    import itertools, json, os, signal, sys, time
     import ciclo
+
+    # Ctrl-C as in a terminal, even when the parent runs with SIGINT ignored (a
+    # background job of a non-interactive shell, which the child would inherit)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     out = sys.argv[1]
     writers = {
