@@ -101,12 +101,12 @@ def raw_step(params, opt_state, x, y):
     return optax.apply_updates(params, updates), opt_state, loss
 
 
-def run_raw(batches, steps, _):
+def run_raw(batches, steps, _, step=raw_step):
     params = jax.device_put(init_params())
     opt_state = TX.init(params)
     losses = []
     for x, y in stream(batches, steps):
-        params, opt_state, loss = raw_step(params, opt_state, x, y)
+        params, opt_state, loss = step(params, opt_state, x, y)
         losses.append(loss)
     jax.block_until_ready((params, losses))
 
@@ -117,15 +117,14 @@ def _busy(seconds: float) -> None:
         pass
 
 
+def _raw_step_then_busy(params, opt_state, x, y):
+    out = raw_step(params, opt_state, x, y)
+    _busy(5e-6)
+    return out
+
+
 def run_raw_busy(batches, steps, _):
-    params = jax.device_put(init_params())
-    opt_state = TX.init(params)
-    losses = []
-    for x, y in stream(batches, steps):
-        params, opt_state, loss = raw_step(params, opt_state, x, y)
-        losses.append(loss)
-        _busy(5e-6)
-    jax.block_until_ready((params, losses))
+    return run_raw(batches, steps, _, step=_raw_step_then_busy)
 
 
 @jax.jit
