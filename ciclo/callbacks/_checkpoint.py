@@ -41,6 +41,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from ciclo._history import History
 from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed, batch_size
+from ciclo._transfer import explicit
 from ciclo.callbacks import _orbax
 from ciclo.callbacks._monitor import Monitor
 
@@ -471,7 +472,8 @@ class checkpoint:
             metrics = {"monitor": self.monitor.name, "mode": self.monitor.mode}
             if value is not None:
                 metrics.update(score=self.monitor.score(value), value=value)
-        state = _orbax.select(_orbax.host_layout(state), self.items)
+        with explicit():  # a deliberate fetch: allowed under transfer_guard("disallow")
+            state = _orbax.select(_orbax.host_layout(state), self.items)
         wrapped = _orbax.is_leaf(state)
         saved = _orbax.elapsed_json(elapsed, wrapped)
         if self.items is not None:
@@ -484,12 +486,13 @@ class checkpoint:
         }
         if history is not None:
             items["history"] = ocp.args.JsonSave(history)
-        manager.save(
-            step,
-            args=ocp.args.Composite(**items),
-            metrics=metrics,
-            force=True,
-        )
+        with explicit():  # orbax starts its device-to-host copies here
+            manager.save(
+                step,
+                args=ocp.args.Composite(**items),
+                metrics=metrics,
+                force=True,
+            )
         self._saved.add(step)
 
     def _open(self) -> ocp.CheckpointManager:
