@@ -26,7 +26,7 @@ try:
     from jax._src.config import guard_lib as _guard_lib
 
     _DISALLOW = _guard_lib.TransferGuardLevel.DISALLOW
-    _guard_lib.thread_local_state().explicit_device_get  # noqa: B018
+    _guard_lib.thread_local_state().explicit_device_get
     EMULATED = True
 except (ImportError, AttributeError):  # pragma: no cover - a future jax
     _guard_lib, EMULATED = None, False
