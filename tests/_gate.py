@@ -51,10 +51,6 @@ def _delayed(state: Any) -> Any:
     return jax.tree.map(add, state)
 
 
-def _plus(value: Any, gate_value: Any, index: Any) -> jax.Array:
-    return jax.jit(lambda v, i: v + gate_value(i).astype(v.dtype))(value, index)
-
-
 class Gate:
     """Holds one step's device computation until the loop is `ahead` steps past it
     (`ahead=None`: until `release()`).
@@ -143,11 +139,17 @@ class Gate:
         """Lets the held step go now (for a test that releases it by hand)."""
         self._release.set()
 
-    def pending(self, value: Any, index: int | None = None) -> jax.Array:
+    def pending(self, value: Any) -> jax.Array:
         """`value` as a device value that is computed only once the gate lets step
-        `index` (default: `hold`) go: a held value, outside a loop."""
-        index = self.hold if index is None else index
-        return _plus(_delayed(jnp.asarray(value)), self.value, jnp.asarray(index))
+        `hold` go (`release()`, with `ahead=None`): a held value, outside a loop."""
+        value = jnp.asarray(value)
+        plus = jax.jit(lambda v, i: v + self.value(i).astype(v.dtype))
+        plus(value, jnp.asarray(-1)).block_until_ready()  # compiled, not held
+        for _ in range(self.tries):
+            out = plus(_delayed(value), jnp.asarray(self.hold))
+            if not out.is_ready():  # dispatched asynchronously: it will be held
+                return out
+        raise AssertionError(f"pending: no try ran asynchronously ({self.tries})")
 
     def check(self) -> None:
         """Fails unless the loop ran `ahead` steps past the held one without waiting."""
