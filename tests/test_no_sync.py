@@ -216,3 +216,51 @@ def test_train_loop_with_test_loop_bar_writers_runs_ahead(steps_per_call, tmp_pa
     assert elapsed.steps == STEPS
     assert len(history.collect("loss")) == STEPS
     assert len(history.collect("mse_test")) == 2
+
+
+# -- the transfer guard: ciclo's fetches are explicit, the user's implicit ones not --
+
+
+def test_a_users_implicit_read_in_the_loop_is_still_refused():
+    # ciclo marks only its own deliberate fetches explicit: the guard still finds
+    # the hidden sync a user's callback makes
+    def peek(state, batch, elapsed, loop_state):
+        float(loop_state.logs.losses.loss)  # an implicit device-to-host read
+
+    with Gate(hold=0, ahead=None) as gate:
+        gate.release()  # nothing held: only the guard is tested here
+        with pytest.raises(Exception, match="Disallowed device-to-host transfer"):
+            run_loop(gate, peek, history=ciclo.history(lag=2), steps=4)
+
+
+def test_checkpoint_and_lagged_readers_work_under_the_guard(tmp_path):
+    # the checkpoint's save (orbax copies the state to the host) and every lagged
+    # reader are deliberate fetches: they pass a user's "disallow" guard
+    from ciclo import managed
+
+    with Gate(hold=0, ahead=None) as gate:
+        gate.release()
+        train_step, test_step = managed_steps(gate)
+        state = managed.ManagedState.create(
+            params=jnp.zeros(3), tx=optax.sgd(0.05), strategy="jit"
+        )
+        with disallow_device_to_host(), quiet():
+            state, history, elapsed = ciclo.train_loop(
+                state,
+                batches(8),
+                {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
+                callbacks=[
+                    ciclo.checkpoint(tmp_path / "ckpt", monitor="mse_test"),
+                    ciclo.early_stopping("mse_test", patience=10),
+                    ciclo.nan_guard(),
+                    ciclo.tqdm_bar(total=8, interval=0.0, plain=False),
+                ],
+                test_dataset=lambda: batches(2),
+                epoch_duration=4,
+                stop=8,
+                history=ciclo.history(lag=2),
+            )
+    restored, restored_elapsed = ciclo.restore(tmp_path / "ckpt", state)
+    assert restored_elapsed.steps == elapsed.steps == 8
+    np.testing.assert_allclose(restored.params, state.params)
+    assert len(history.collect("loss")) == 8
