@@ -20,6 +20,15 @@ import pytest
 import ciclo
 
 
+def need_tensorboard() -> None:
+    """Skips unless the TensorBoard writer (tensorboardX) and the event reader
+    (tensorboard) are installed (ciclo[test] installs both)."""
+    pytest.importorskip(
+        "tensorboardX", reason="needs ciclo[tensorboard] (tensorboardX)"
+    )
+    pytest.importorskip("tensorboard", reason="reading events needs tensorboard")
+
+
 @jax.jit
 def train_step(state, batch):
     loss = 1.0 / (state + 1.0)
@@ -83,6 +92,7 @@ def test_csv_and_jsonl_rows_equal_history(tmp_path):
 
 
 def test_tensorboard_event_file_holds_tags_steps_and_last_values(tmp_path):
+    need_tensorboard()
     from tensorboard.backend.event_processing.event_accumulator import (
         EventAccumulator,
     )
@@ -166,6 +176,9 @@ def test_csv_append_and_nonfinite_values(tmp_path):
 
 @pytest.mark.parametrize("name", ["tensorboard", "csv_logger", "jsonl_logger"])
 def test_writer_survives_ctrl_c_with_committed_rows_on_disk(tmp_path, name):
+    if name == "tensorboard":
+        need_tensorboard()
+
     def interrupt(state, batch, elapsed):
         if elapsed.steps == 4:
             raise KeyboardInterrupt
@@ -208,6 +221,9 @@ def written(name, path, key):
 
 @pytest.mark.parametrize("name", ["tensorboard", "csv_logger", "jsonl_logger"])
 def test_a_batch_ctrl_c_cut_before_it_counted_leaves_no_row(tmp_path, name):
+    if name == "tensorboard":
+        need_tensorboard()
+
     # The writer holds batch 4's row, then Ctrl-C comes before the state changed:
     # the batch does not count (no history row, `elapsed` excludes it), so the
     # writer does not write it either; `on_end`'s row at that step is its own.
@@ -343,10 +359,15 @@ SIGINT_CHILD = textwrap.dedent(
 
     out = sys.argv[1]
     writers = {
-        "tensorboard": ciclo.tensorboard(os.path.join(out, "tb")),
         "csv_logger": ciclo.csv_logger(os.path.join(out, "log.csv")),
         "jsonl_logger": ciclo.jsonl_logger(os.path.join(out, "log.jsonl")),
     }
+    try:  # the optional writers, where their package is installed
+        import tensorboard, tensorboardX  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        writers["tensorboard"] = ciclo.tensorboard(os.path.join(out, "tb"))
     try:
         import wandb  # noqa: F401
     except ImportError:
@@ -451,6 +472,10 @@ def test_writer_survives_sigint_in_a_subprocess(sigint_run, name):
     out, result = sigint_run
     if name not in result["writers"]:
         pytest.skip(f"{name}'s optional dependency is not installed")
+    if name == "tensorboard":
+        need_tensorboard()
+    elif name == "wandb_logger":
+        pytest.importorskip("wandb", reason="needs ciclo[wandb] (wandb)")
     steps = result["steps"]  # the history's rows; the loss logged is the step
     assert steps == list(range(len(steps))) and len(steps) >= 5
     committed = [(step, float(step)) for step in steps]
