@@ -1,7 +1,10 @@
 """Progress bars: keras_bar (pkbar) and tqdm_bar."""
 
 import io
+import os
+import pathlib
 import re
+import subprocess
 import sys
 import time
 
@@ -477,3 +480,61 @@ def test_tqdm_bar_after_ctrl_c_shows_the_last_steps_values():
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("4/10 [")
     assert lines[0].endswith("loss=0.25, acc=0.3]") and bar.closed
+
+
+FAKE_PKG_RESOURCES = """
+import warnings
+
+warnings.warn(
+    "pkg_resources is deprecated as an API. See "
+    "https://setuptools.pypa.io/en/latest/pkg_resources.html.",
+    UserWarning,
+    stacklevel=2,
+)
+
+
+class DistributionNotFound(Exception):
+    pass
+
+
+def get_distribution(name):
+    raise DistributionNotFound(name)
+"""
+
+IMPORT_THE_KERAS_BAR = """
+import sys, warnings
+assert "pkg_resources" not in sys.modules
+import ciclo
+ciclo.keras_bar(total=2)  # imports pkbar, which imports pkg_resources
+assert sys.modules["pkg_resources"].__file__.startswith(sys.argv[1])  # the fake
+try:  # silenced only around pkbar's import: the same warning still errors here
+    warnings.warn("pkg_resources is deprecated as an API", UserWarning)
+except UserWarning:
+    print("still an error")
+"""
+
+
+def test_keras_bar_imports_without_pkg_resources_warning_under_w_error(tmp_path):
+    # setuptools >= 81 warns when pkg_resources is imported, as pkbar does; a fake
+    # pkg_resources that warns stands in for it, whatever setuptools is installed
+    (tmp_path / "pkg_resources.py").write_text(FAKE_PKG_RESOURCES)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(
+        filter(None, [str(tmp_path), str(root), os.environ.get("PYTHONPATH")])
+    )
+    env = {**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
+
+    def python(*args):
+        return subprocess.run(
+            [sys.executable, "-W", "error", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    control = python("-c", "import pkg_resources")  # the fake warns: an error
+    assert control.returncode != 0 and "pkg_resources is deprecated" in control.stderr
+    result = python("-c", IMPORT_THE_KERAS_BAR, str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "still an error"

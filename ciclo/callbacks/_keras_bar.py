@@ -6,8 +6,13 @@ import io
 import re
 import sys
 import time as _time
+import warnings
 
-import pkbar
+with warnings.catch_warnings():
+    # pkbar imports pkg_resources, which warns that it is deprecated (setuptools
+    # >= 81): not the user's concern, and an error under `-W error`
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
+    import pkbar
 
 from ciclo._time import Period
 from ciclo.callbacks._bar import ProgressBar, format_duration
