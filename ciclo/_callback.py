@@ -63,7 +63,13 @@ def describe(obj: Any) -> str:
     return name if name else f"{type(obj).__name__} object"
 
 
-_HOOKS = ("__loop_callback__", "__loop_end__", "__loop_resume__", "default_schedule")
+_HOOKS = (
+    "__loop_callback__",
+    "__loop_end__",
+    "__loop_resume__",
+    "__loop_start__",
+    "default_schedule",
+)
 
 
 def uncalled(callback: Any) -> str | None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
-from ciclo.callbacks._writer import Row, Writer, missing
+from ciclo.callbacks._writer import Row, Tags, Writer, missing
 
 __all__ = ["tensorboard"]
 
@@ -16,13 +16,23 @@ class tensorboard(Writer):
     """Writes the step's losses, metrics and stateful metrics to TensorBoard.
 
     Each single-number entry becomes a scalar tagged with its bare name (`loss`,
-    `accuracy`, `accuracy_test`) at step `elapsed.steps` (the loop's elapsed before
-    the batch, as in `History`). Values are read lagged: a row is written once the
+    `accuracy`, `accuracy_test`; see `prefix`) at the number of steps completed
+    with its batch (`elapsed.steps + 1`: the 20th batch's values at step 20, an
+    epoch-end evaluation at the epoch boundary, as Keras's TensorBoard callback,
+    clu and Jaxloop do; `History` and the CSV/JSONL `steps` column count the
+    steps before the batch). Values are read lagged: a row is written once the
     device has computed it, never making the host wait during training. At the end
     of the loop (normally, on Ctrl-C or on an error) every remaining row is written
     and the event file is closed (tensorboardX's `flush()` does not drain its queue,
     `close()` does), so what was committed to the history is on disk when the loop
     returns.
+
+    Across interruptions each step is in TensorBoard once: the writer is opened
+    with tensorboardX's `purge_step` at the step its loop starts from, so a run
+    resumed from a checkpoint (`train_loop(..., resume=dir)`, same `logdir`) hides
+    what the crashed run logged after that checkpoint and keeps what it logged
+    before. (A fresh run in a `logdir` holding an earlier run's events hides them
+    too, as a CSV log is truncated; use another `logdir` to compare runs.)
 
     In `ciclo.train_loop(callbacks=[tb])` it runs on `on_train_batch_end`, after the
     epoch end; in `ciclo.loop` spread it last, `{..., **ciclo.tensorboard(d)}`, or
@@ -36,6 +46,10 @@ class tensorboard(Writer):
             (TensorBoard's HParams tab, run `logdir/hparams`).
         collections: the collections written (default: losses, metrics,
             stateful metrics).
+        prefix: None (bare names), a prefix for every tag (`"train/"`), or a
+            dict from a test name to its prefix, `""` for the other entries:
+            `{"": "train/", "test": "val/"}` writes `loss` as `train/loss` and
+            `loss_test` as `val/loss`.
         max_pending: at most this many rows wait for the device.
         **writer_kwargs: passed to `tensorboardX.SummaryWriter` (`flush_secs`, ...).
 
@@ -59,6 +73,7 @@ class tensorboard(Writer):
         *,
         hparams: Mapping[str, Any] | None = None,
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
+        prefix: str | Mapping[str, str] | None = None,
         max_pending: int = 256,
         **writer_kwargs: Any,
     ):
@@ -75,6 +90,7 @@ class tensorboard(Writer):
         self.hparams = dict(hparams) if hparams else None
         self._module = tensorboardX
         self._kwargs = writer_kwargs
+        self._tags = Tags(prefix, "tensorboard")
         self._writer: Any = None
         self._last: dict[str, float] = {}
 
@@ -82,12 +98,16 @@ class tensorboard(Writer):
         if not rows:
             return
         if self._writer is None:
-            self._writer = self._module.SummaryWriter(self.logdir, **self._kwargs)
-        writer = self._writer
+            kwargs = dict(self._kwargs)
+            if not self._opened:  # the first write: replace what a crashed run
+                start = self._resume_point(rows)  # logged from the start step on
+                kwargs.setdefault("purge_step", start + 1 if start else 0)
+            self._writer = self._module.SummaryWriter(self.logdir, **kwargs)
+        writer, tags = self._writer, self._tags
         for row in rows:
             for name, value in row.entries.items():
-                writer.add_scalar(name, value, global_step=row.steps)
-            self._last.update(row.entries)
+                writer.add_scalar(tags(name), value, global_step=row.completed)
+            self._last.update({tags(k): v for k, v in row.entries.items()})
             self.rows_written += 1
 
     def _close(self) -> None:
