@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +12,8 @@ from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
 from ciclo.callbacks._writer import Row, Tags, Writer, missing
 
 __all__ = ["tensorboard"]
+
+_FILES = itertools.count()  # event files of this process: distinct names
 
 
 class tensorboard(Writer):
@@ -23,12 +27,14 @@ class tensorboard(Writer):
     steps before the batch). Values are read lagged: a row is written once the
     device has computed it, never making the host wait during training. At the end
     of the loop (normally, on Ctrl-C or on an error) every remaining row is written
-    and the event file is closed (tensorboardX's `flush()` does not drain its queue,
-    `close()` does), so what was committed to the history is on disk when the loop
-    returns.
+    and the event file is closed, so what was committed to the history is on disk
+    when the loop returns. Events are written in the caller's thread and flushed
+    at each write (not held in tensorboardX's queue for `flush_secs`), so a killed
+    run loses no row it wrote.
 
-    Across interruptions each step is in TensorBoard once: the writer is opened
-    with tensorboardX's `purge_step` at the step its loop starts from, so a run
+    Across interruptions each step is in TensorBoard once: the writer's event file
+    starts with a restart marker at the step its loop starts from (what
+    tensorboardX's `purge_step` writes), so a run
     resumed from a checkpoint (`train_loop(..., resume=dir)`, same `logdir`) hides
     what the crashed run logged after that checkpoint and keeps what it logged
     before. (A fresh run in a `logdir` holding an earlier run's events hides them
@@ -51,7 +57,8 @@ class tensorboard(Writer):
             `{"": "train/", "test": "val/"}` writes `loss` as `train/loss` and
             `loss_test` as `val/loss`.
         max_pending: at most this many rows wait for the device.
-        **writer_kwargs: passed to `tensorboardX.SummaryWriter` (`flush_secs`, ...).
+        **writer_kwargs: `filename_suffix` of the event files; the rest is passed to
+            the `tensorboardX.SummaryWriter` that writes `hparams`.
 
     Raises:
         ImportError: if tensorboardX is not installed ("install ciclo[tensorboard]").
@@ -79,6 +86,9 @@ class tensorboard(Writer):
     ):
         try:
             import tensorboardX
+            from tensorboardX import event_file_writer
+            from tensorboardX.proto import event_pb2
+            from tensorboardX.summary import scalar
         except ImportError:
             raise missing("tensorboard", "tensorboardX", "tensorboard") from None
         super().__init__(collections=collections, max_pending=max_pending)
@@ -88,38 +98,61 @@ class tensorboard(Writer):
             raise TypeError(f"`hparams` must be a dict, got {hparams!r}.")
         self.logdir = os.fspath(logdir)
         self.hparams = dict(hparams) if hparams else None
-        self._module = tensorboardX
+        self._module, self._files = tensorboardX, event_file_writer
+        self._proto, self._scalar = event_pb2, scalar
+        self._suffix = str(writer_kwargs.pop("filename_suffix", "") or "")
         self._kwargs = writer_kwargs
         self._tags = Tags(prefix, "tensorboard")
-        self._writer: Any = None
+        self._events: Any = None
         self._last: dict[str, float] = {}
 
     def _write(self, rows: list[Row]) -> None:
         if not rows:
             return
-        if self._writer is None:
-            kwargs = dict(self._kwargs)
-            if not self._opened:  # the first write: replace what a crashed run
-                start = self._resume_point(rows)  # logged from the start step on
-                kwargs.setdefault("purge_step", start + 1 if start else 0)
-            self._writer = self._module.SummaryWriter(self.logdir, **kwargs)
-        writer, tags = self._writer, self._tags
+        events = self._events
+        if events is None:  # an event file of its own (a resumed run: a new one)
+            os.makedirs(self.logdir, exist_ok=True)
+            suffix = f".{os.getpid()}.{next(_FILES)}{self._suffix}"
+            events = self._events = self._files.EventsWriter(
+                os.path.join(self.logdir, "events"), suffix
+            )
+            if not self._opened:  # the first write: hide what a crashed run logged
+                start = self._resume_point(rows)  # from the start step on
+                events.write_event(
+                    self._proto.Event(
+                        wall_time=time.time(),
+                        step=start + 1 if start else 0,  # in completed steps
+                        session_log=self._proto.SessionLog(
+                            status=self._proto.SessionLog.START
+                        ),
+                    )
+                )
+        tags, scalar, event = self._tags, self._scalar, self._proto.Event
+        now = time.time()
         for row in rows:
             for name, value in row.entries.items():
-                writer.add_scalar(tags(name), value, global_step=row.completed)
-            self._last.update({tags(k): v for k, v in row.entries.items()})
+                tag = tags(name)
+                events.write_event(
+                    event(wall_time=now, step=row.completed, summary=scalar(tag, value))
+                )
+                self._last[tag] = value
             self.rows_written += 1
+        events.flush()  # on disk (the OS's) now: a killed run keeps its rows
 
     def _close(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is None:
+        events, self._events = self._events, None
+        if events is None:
             return
         try:
             if self.hparams:
-                writer.add_hparams(
-                    self.hparams,
-                    {f"hparams/{k}": float(v) for k, v in self._last.items()},
-                    name="hparams",
-                )
+                writer = self._module.SummaryWriter(self.logdir, **self._kwargs)
+                try:
+                    writer.add_hparams(
+                        self.hparams,
+                        {f"hparams/{k}": float(v) for k, v in self._last.items()},
+                        name="hparams",
+                    )
+                finally:
+                    writer.close()
         finally:
-            writer.close()
+            events.close()
