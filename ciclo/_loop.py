@@ -417,6 +417,7 @@ def loop(
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
     ls._data = iterator
     run = _Run(ls, plan, start, stop_period, batch_size_fn)
+    interrupted = False
     try:
         run.batches(iterator)
     except KeyboardInterrupt as error:
@@ -424,6 +425,7 @@ def loop(
             ls.error = error
             _finish(end_hooks, ls)
             raise
+        interrupted = True
         run.interrupted()
     except Exception as error:
         where = getattr(run.running, "where", None)
@@ -452,17 +454,17 @@ def loop(
         raise
     finally:
         _finish(end_hooks, ls)
-    if (
-        run.current.steps == initial.steps
-        and not (ls.stop_iteration or ls.stopping)
+    if (  # a fresh loop over no data (resuming past the end is not a mistake)
+        initial.steps == 0
+        and run.current.steps == 0
+        and not (interrupted or ls.stop_iteration or ls.stopping)
         and not (stop_period is not None and stop_period.reached(initial))
     ):
         warnings.warn(
             EmptyDataWarning(
-                f"ciclo.loop: `dataset` yielded no batch (starting at step "
-                f"{initial.steps}), so no task ran on a batch. Expected at least one: "
-                f"check that it is not an exhausted iterator or generator, or an "
-                f"empty list."
+                "ciclo.loop: `dataset` yielded no batch, so no task ran on a batch. "
+                "Expected at least one: check that it is not an exhausted iterator "
+                "or generator, or an empty list."
             ),
             stacklevel=2,
         )
