@@ -34,7 +34,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 
-_BLOCK = re.compile(r"(<!-- docs: skip(?P<why>[^>]*)-->\s*)?```python\n(?P<code>.*?)```", re.S)
+_BLOCK = re.compile(
+    r"(<!-- docs: skip(?P<why>[^>]*)-->\s*)?```python\n(?P<code>.*?)```", re.S
+)
 
 
 def _sections(page: pathlib.Path) -> list[tuple[str, list[tuple[int, str]]]]:
@@ -82,7 +84,9 @@ def test_the_site_has_its_pages():
     }  # fmt: skip
     assert expected <= names, expected - names
     for page in PAGES:
-        assert page.read_text().startswith("# "), f"{page.name} must start with '# Title'"
+        assert page.read_text().startswith("# "), (
+            f"{page.name} must start with '# Title'"
+        )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
@@ -90,14 +94,18 @@ def test_skipped_blocks_say_why(page):
     text = page.read_text()
     for match in re.finditer(r"^[ \t]*<!--\s*(\w+):\s*skip([^>]*)-->", text, re.M):
         line = text[: match.start()].count("\n") + 1
-        assert match.group(1) == "docs", f"{page.name}:{line}: use <!-- docs: skip (why) -->"
+        assert match.group(1) == "docs", (
+            f"{page.name}:{line}: use <!-- docs: skip (why) -->"
+        )
         why = match.group(2).strip()
         assert why.startswith("(") and why.endswith(")") and len(why) > 4, (
             f"{page.name}:{line}: a skipped block needs its reason, "
             "<!-- docs: skip (why) -->"
         )
         after = text[match.end() :].lstrip()
-        assert after.startswith("```python"), f"{page.name}:{line}: no python block follows"
+        assert after.startswith("```python"), (
+            f"{page.name}:{line}: no python block follows"
+        )
 
 
 RUNNABLE = [p for p in PAGES if _sections(p)]
@@ -161,7 +169,15 @@ def test_the_site_builds_strictly_with_every_public_name(tmp_path):
         env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
         result = subprocess.run(
-            [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+            [
+                sys.executable,
+                "-m",
+                "mkdocs",
+                "build",
+                "--strict",
+                "--site-dir",
+                str(site),
+            ],
             cwd=ROOT,
             env=env,
             capture_output=True,
