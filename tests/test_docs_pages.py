@@ -189,5 +189,13 @@ def test_the_site_builds_strictly_with_every_public_name(tmp_path):
     missing = [name for name in PUBLIC if f'id="{name}"' not in api]
     assert not missing, f"the built API reference has no entry for {missing}"
     for page in PAGES:
-        if page.name != "index.md":
-            assert (pathlib.Path(site) / page.stem / "index.html").exists(), page.name
+        built = pathlib.Path(site) / ("" if page.name == "index.md" else page.stem)
+        html = (built / "index.html").read_text()
+        # Python-Markdown (unlike GitHub) needs 4-space indents and blank lines
+        # around blocks nested in a list item; otherwise they become paragraph text
+        for match in re.finditer(r"<p>(.*?)</p>", html, re.S):
+            text = match.group(1)
+            assert not re.search(r"(^|\n)\s*(- |```)|class=\"highlight\"", text), (
+                f"docs/{page.name}: a list item or code block rendered as paragraph "
+                f"text (indent nested blocks by 4, with blank lines): {text[:200]!r}"
+            )
