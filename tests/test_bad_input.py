@@ -1,4 +1,4 @@
-"""Every bad input of API.md §3 and the README's "Bad input" list: one clear error
+"""Every bad input of API.md §3 and the "Bad input" list of docs/loop.md: one clear error
 naming the culprit and the fix, or the documented handling (a warning)."""
 
 from __future__ import annotations

@@ -61,10 +61,9 @@ def _check_01_simple_outputs(directory, stdout, steps):
     assert f"learning curve: {png}" in stdout
 
 
-def test_readme_loop_language_snippet_runs(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## The loop language", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_docs_loop_language_snippet_runs(tmp_path):
+    page = (ROOT / "docs" / "loop.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     result = subprocess.run(
         [sys.executable, "-c", code + "\nassert len(losses) == 200, len(losses)\n"],
         cwd=tmp_path,
@@ -77,10 +76,9 @@ def test_readme_loop_language_snippet_runs(tmp_path):
     assert "step 150:" in result.stdout
 
 
-def test_readme_observability_snippet_runs(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Observability", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_docs_observability_snippet_runs(tmp_path):
+    page = (ROOT / "docs" / "observability.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
