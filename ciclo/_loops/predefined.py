@@ -10,6 +10,11 @@ The whole per-batch order of `train_loop`, from `tables.TRAIN`:
                 on_train_batch_end
     on_train_end                       (once, after the last batch)
 
+The test loop (the validation, `tables.VALIDATION`): on_validation_begin,
+on_test_begin; per test batch on_validation_batch_begin, on_test_batch_begin,
+on_validation_step (else on_test_step), on_test_batch_end,
+on_validation_batch_end; then on_test_end, on_validation_end.
+
 The parts it assembles live with their kind: the epoch end is a schedule
 (`_schedules.epoch`), the data a `_passes.Passes`, the test loops `inner_loop`
 callbacks (`callbacks._test_loops`).
@@ -158,11 +163,18 @@ def train_loop(
             returning one (called once per epoch), or a factory
             `dataset(start_step)` (see `ciclo.loop`).
         tasks: `{named_or_ordinary_schedule: callback_or_list}`.
-        callbacks: objects registering their `on_train_*`, `on_epoch_end` and
-            `on_reset_step` attributes (keras_bar, checkpoint, early_stopping, ...).
+        callbacks: objects registering their `on_train_*`, `on_epoch_*`,
+            `on_reset_step` and `on_validation_*` attributes (keras_bar,
+            checkpoint, early_stopping, ...); their `on_test_*` attributes are
+            left to `test_loop`, so one object can tell the validation here
+            from a final test.
         test_dataset: a zero-argument callable returning a fresh test iterable,
             or a dict `name -> callable` (one test loop each, entries suffixed
-            `_{name}`, run in the dict's order).
+            `_{name}`, run in the dict's order). Each fires the validation
+            hooks (`on_validation_begin`, ...) and, inside them, the test hooks
+            given in `tasks`; its step is `on_validation_step` (alias
+            `validation_step`) if anything is registered there, else
+            `on_test_step` (`test_step`).
         epoch_duration, test_duration: int steps or a `Period`; `test_duration`
             bounds each test loop (default: until the test data is exhausted); a
             dict `name -> duration` with a dict `test_dataset`. `epoch_duration`
