@@ -50,7 +50,7 @@ from ciclo._schedules.named import (
     on_train_step,
 )
 from ciclo._time import Elapsed, Period, as_period
-from ciclo.callbacks._epoch_logs import EpochMeans
+from ciclo.callbacks._epoch_logs import EpochLogs
 from ciclo.callbacks._test_loops import test_loops
 
 
@@ -133,7 +133,7 @@ def train_loop(
     test_name: str = "test",
     epochs: int | None = None,
     test_every: int | Callable[..., bool] | None = None,
-    epoch_logs: bool = False,
+    epoch_logs: bool | str | Callable[[list[Any]], Any] | Mapping[str, Any] = False,
     stop: int | Period | None = None,
     history: History | None = None,
     elapsed: Elapsed | None = None,
@@ -186,10 +186,15 @@ def train_loop(
         test_every: run the test loop(s) every n-th epoch (an int), or at the
             epoch ends where this schedule fires (e.g. `ciclo.after(1000)`).
             The reset steps still run at every epoch end.
-        epoch_logs: at each epoch end, also log the epoch's means of the train
-            batches' losses and metrics (weighted by batch size, summed on the
-            device) as `{name}_epoch`, e.g. `loss_epoch`; before `on_epoch_end`,
-            so a checkpoint or early stopping can monitor them.
+        epoch_logs: at each epoch end, also log the epoch's aggregates of the
+            train batches' entries as `{name}_epoch`, e.g. `loss_epoch`; before
+            `on_epoch_end`, so a checkpoint or early stopping can monitor them.
+            True: the means of the losses and metrics (weighted by batch size);
+            or an aggregation spec as `ciclo.inner_loop`'s (a mode such as
+            `"max"`, a function of the list of values, or a dict entry or
+            collection -> mode), accumulated on the device where the mode
+            allows (no per-step sync). A step can declare an entry's mode when
+            logging it: `logs.add_metric("acc", acc, aggregation="max")`.
         inner_loop_kwargs: for the test `ciclo.inner_loop`, e.g. its aggregation.
         stop, history, elapsed, catch_keyboard_interrupt, metadata, batch_size_fn:
             as in `ciclo.loop` (the test loop shares `metadata`/`batch_size_fn`).
@@ -264,13 +269,9 @@ def train_loop(
             "train_loop: `test_every` was given without `test_dataset`; pass "
             "test_dataset=lambda: make_test_batches() too, or drop `test_every`."
         )
-    if not isinstance(epoch_logs, bool):
-        raise TypeError(
-            f"train_loop: `epoch_logs` must be True or False, got {epoch_logs!r}."
-        )
-    if epoch_logs:
-        means = EpochMeans()
-        builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [means.add], [means.means]
+    if epoch_logs is not False and epoch_logs is not None:
+        aggregates = EpochLogs(epoch_logs)  # validates the spec
+        builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [aggregates.add], [aggregates.logs]
     tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, builtin)
     result = loop(
         state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
