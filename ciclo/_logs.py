@@ -345,13 +345,17 @@ class _Declared(tuple):
 def _flatten_logs(d: Logs):
     children, keys = _flatten_dict(d)
     declared = d._aggregations
-    return children, keys if not declared else _Declared((keys, tuple(declared.items())))
+    return children, keys if not declared else _Declared(
+        (keys, tuple(declared.items()))
+    )
 
 
 def _flatten_logs_fast(d: Logs):
     children, keys = _flatten_dict_fast(d)
     declared = d._aggregations
-    return children, keys if not declared else _Declared((keys, tuple(declared.items())))
+    return children, keys if not declared else _Declared(
+        (keys, tuple(declared.items()))
+    )
 
 
 def _unflatten_logs():

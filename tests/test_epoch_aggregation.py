@@ -51,9 +51,7 @@ def expected(mode, scale=1.0):
 def test_each_mode_is_inner_loops_mode_over_the_epochs_batches(mode):
     history = run(mode)  # a single mode: every loss and metric
     np.testing.assert_allclose(history.collect("loss_epoch"), expected(mode), 1e-5)
-    np.testing.assert_allclose(
-        history.collect("acc_epoch"), expected(mode, 0.1), 1e-5
-    )
+    np.testing.assert_allclose(history.collect("acc_epoch"), expected(mode, 0.1), 1e-5)
     # element-wise for arrays, as inner_loop's modes
     vec = np.stack(history.collect("vec_epoch"))
     np.testing.assert_allclose(vec[:, 0], expected(mode), 1e-5)

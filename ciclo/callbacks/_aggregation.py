@@ -124,8 +124,10 @@ class Spec:
     def names(self, collection: str, entry: str) -> bool:
         """Whether a dict key names this entry or its collection."""
         per_key = self.per_key
-        return f"{collection}.{entry}" in per_key or entry in per_key or (
-            collection in per_key
+        return (
+            f"{collection}.{entry}" in per_key
+            or entry in per_key
+            or (collection in per_key)
         )
 
 
