@@ -56,7 +56,9 @@ from ciclo._schedules.named import on_train_batch_end as on_train_batch_end
 from ciclo._schedules.named import on_train_begin as on_train_begin
 from ciclo._schedules.named import on_train_end as on_train_end
 from ciclo._schedules.named import on_train_step as on_train_step
-from ciclo._schedules.named import on_validation_batch_begin as on_validation_batch_begin
+from ciclo._schedules.named import (
+    on_validation_batch_begin as on_validation_batch_begin,
+)
 from ciclo._schedules.named import on_validation_batch_end as on_validation_batch_end
 from ciclo._schedules.named import on_validation_begin as on_validation_begin
 from ciclo._schedules.named import on_validation_end as on_validation_end
