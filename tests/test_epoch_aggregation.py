@@ -165,3 +165,19 @@ def test_bad_specs_are_clear_errors():
         run({"loss": "median"})
     with pytest.raises(TypeError, match="epoch_logs"):
         run({1: "mean"})
+
+
+def test_train_loops_test_aggregation_honours_declared_modes():
+    def test_step(state, batch):
+        logs = ciclo.logs().add_loss("loss", batch[0])  # default: weighted mean
+        return logs.add_metric("worst", batch[0], aggregation="max")
+
+    _, history, _ = ciclo.train_loop(
+        jnp.float32(0),
+        BATCHES[:3],
+        {ciclo.on_train_step: step, ciclo.on_test_step: test_step},
+        test_dataset=lambda: BATCHES[3:],
+        inner_loop_kwargs={"aggregation": {"metrics": "min"}},
+    )
+    assert history.collect("worst_test") == [9.0]  # declared beats "metrics"
+    assert history.collect("loss_test") == pytest.approx(expected("weighted_mean")[1:])

@@ -71,22 +71,34 @@ class InnerLoop:
     def __repr__(self) -> str:
         return f"inner_loop({self.name!r}, aggregation={self.aggregation!r})"
 
-    def _aggregation(self, collection: str, entry: str) -> Callable[..., Any]:
-        mode = self._spec.mode(collection, entry)
+    def _aggregation(
+        self, collection: str, entry: str, declared: str | None = None
+    ) -> Callable[..., Any]:
+        mode = self._spec.mode(collection, entry, declared)
         return AGGREGATIONS[mode] if isinstance(mode, str) else mode
 
-    def aggregate(self, history: History, elapsed: Any = None) -> Logs:
+    def aggregate(
+        self,
+        history: History,
+        elapsed: Any = None,
+        declared: Mapping[tuple[str, str], str] | None = None,
+    ) -> Logs:
         """The aggregated, suffixed logs of an inner `history` (a host sync).
 
         `elapsed` (the inner loop's final one) gives the size of the last batch
-        for the weighted mean."""
+        for the weighted mean; `declared`, the modes the inner steps declared
+        (`logs.add_metric(..., aggregation=...)`), which win over a collection's
+        or the default mode, not over a key naming the entry."""
+        declared = declared or {}
         logs = Logs()
         sizes: dict[int, float] | None = None
         for key in history.keys():  # noqa: SIM118 (iterating a History gives rows)
             collection, _, entry = key.partition(".")
             if collection == ELAPSED:
                 continue
-            aggregate = self._aggregation(collection, entry)
+            aggregate = self._aggregation(
+                collection, entry, declared.get((collection, entry))
+            )
             if aggregate is weighted_mean:
                 steps, values = history.collect(f"{ELAPSED}.steps", key)
                 if sizes is None:
@@ -144,7 +156,8 @@ class InnerLoop:
                 f"elapsed) like ciclo.loop / ciclo.test_loop; got {short(output, 200)}."
             )
         inner_state, history, elapsed = output
-        logs = self.aggregate(history, elapsed)
+        # train_loop's test loops collect the modes their steps declare
+        logs = self.aggregate(history, elapsed, getattr(self.loop_fn, "declared", None))
         return logs, inner_state if self.output_state else state
 
     def __loop_callback__(self, loop_state: Any) -> tuple[Logs, Any]:
