@@ -164,3 +164,11 @@ def test_summaries_wait_for_nothing_and_show_the_epoch_ends_exact_values(capsys)
     shown = [float(re.search(r"loss: (\S+)", line).group(1)) for line in lines]
     assert [line.split(" ")[0] for line in lines] == ["4/12", "8/12", "12/12"]
     np.testing.assert_allclose(shown, at_ends, rtol=1e-3)
+
+
+def test_no_summary_after_the_bar_reached_its_total(capsys, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    train(ciclo.keras_bar(total=4), clock, n=9)  # epochs end at 3, 6, 9
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ")[0] for line in lines] == ["3/4", "4/4"]
+    assert "/step" in lines[0] and "/step" not in lines[1]

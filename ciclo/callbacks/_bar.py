@@ -231,6 +231,9 @@ class ProgressBar(LoopElement):
         """At an epoch end, queues its summary (the step's scalar losses and
         metrics, as they are: device values are not waited for); prints the
         queued ones whose values are computed."""
+        if self._finished:  # the total is reached: the bar is closed
+            self._epoch_ended = False
+            return
         if self._epoch_from is None:  # where this run's first epoch started
             self._epoch_from = (before.steps, float(before.date))
         if self._epoch_ended and not self._open:  # an epoch of one batch
