@@ -181,3 +181,29 @@ def test_train_loops_test_aggregation_honours_declared_modes():
     )
     assert history.collect("worst_test") == [9.0]  # declared beats "metrics"
     assert history.collect("loss_test") == pytest.approx(expected("weighted_mean")[1:])
+
+
+@pytest.mark.parametrize(
+    "mode", ["mean", "weighted_mean", "max", "std", "first", "concat"]
+)
+def test_fused_steps_aggregate_step_by_step_as_unfused(mode):
+    @managed.train_step
+    def fused_step(state, batch):
+        loss = (state.params - batch.mean()) ** 2
+        return ciclo.logs().add_loss("loss", loss).add_metric("m", batch.mean())
+
+    state = managed.ManagedState.create(
+        params=jnp.float32(0.0), tx=optax.sgd(0.0), strategy="jit"
+    )
+    data = [np.full((2,), v, np.float32) for v in (1, 3, 2, 0, 5, 4, 1, 1)]
+    results = []
+    for steps_per_call in (1, 2):
+        _, history, _ = ciclo.train_loop(
+            state, data, {ciclo.on_train_step: fused_step}, epoch_duration=4,
+            epoch_logs=mode, steps_per_call=steps_per_call,
+        )  # fmt: skip
+        results.append(history.collect("loss_epoch"))
+    unfused, fused = results
+    assert len(unfused) == len(fused) == 2
+    for a, b in zip(unfused, fused):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)

@@ -10,8 +10,8 @@ from ciclo._schedules.named import ALIASES
 
 TASKS = "<tasks>"  # the ordinary schedules of `tasks`, in the order given
 NESTED = "<test loop>"  # train_loop's test loop(s)
-EPOCH_SUM = "<epoch sums>"  # train_loop(epoch_logs=True): adds up the step's logs
-EPOCH_LOGS = "<epoch logs>"  # train_loop(epoch_logs=True): logs the epoch's means
+EPOCH_SUM = "<epoch sums>"  # train_loop(epoch_logs=...): accumulates the step's logs
+EPOCH_LOGS = "<epoch logs>"  # train_loop(epoch_logs=...): logs the aggregates
 
 
 BUILTIN = (TASKS, NESTED, EPOCH_SUM, EPOCH_LOGS)  # filled by the loop itself

@@ -196,6 +196,38 @@ class Running:
         elif mode != "first":  # "concat" or a function
             self.values.append(value)
 
+    def add_rows(self, stacked: Any, size: int = 1) -> None:
+        """Adds `n` values stacked on a leading axis (a fused call's per-step
+        rows), each of `size` samples: reduced over that axis first (device ops),
+        then added as `add` would, one by one."""
+        mode, count = self.mode, self.count
+        n = len(stacked)
+        if n == 0:
+            return
+        lib = _lib(stacked)
+        if mode == "last" or (mode == "first" and count == 0):
+            self.first = stacked[-1] if mode == "last" else stacked[0]
+        elif mode in ("sum", "mean", "weighted_mean"):
+            total = stacked.sum(axis=0) * (size if mode == "weighted_mean" else 1)
+            self.total = total if count == 0 else self.total + total
+            self.size += size * n
+        elif mode in ("min", "max"):
+            total = stacked.min(axis=0) if mode == "min" else stacked.max(axis=0)
+            if count:
+                pick = lib.minimum if mode == "min" else lib.maximum
+                total = pick(self.total, total)
+            self.total = total
+        elif mode == "std":
+            if count == 0:
+                self.first = stacked[0]
+                self.total = self.total_sq = self.first - self.first
+            shifted = stacked - self.first
+            self.total = self.total + shifted.sum(axis=0)
+            self.total_sq = self.total_sq + (shifted * shifted).sum(axis=0)
+        elif mode != "first":
+            self.values.extend(stacked[i] for i in range(n))
+        self.count = count + n
+
     def result(self) -> Any:
         """The aggregate of the values added (None if none was)."""
         mode, count = self.mode, self.count

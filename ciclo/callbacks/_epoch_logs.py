@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo._logs import LOSSES, METRICS, Logs
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, Steps
 from ciclo.callbacks._aggregation import Running, Spec
 
 # What epoch_logs=True aggregates, and how: losses and metrics, each batch weighted
@@ -60,13 +60,24 @@ class EpochLogs:
         return None
 
     def add(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: Any) -> None:
-        """Adds this batch's entries (a device op or two each, no sync)."""
+        """Adds this batch's entries (a device op or two each, no sync). A fused
+        call's per-step rows (`Steps.rows`) count step by step; its other logs
+        as one value of the call's samples."""
         logs = loop_state.logs
         size = loop_state.elapsed_after.samples - elapsed.samples
-        declared = logs._aggregations if isinstance(logs, Logs) else None
+        rows = batch.rows if type(batch) is Steps else None
+        if rows is not None:
+            self._add(rows, size // max(batch.n, 1), stacked=True)
+        self._add(logs, size, skip=rows)
+
+    def _add(self, logs: Any, size: int, stacked: bool = False, skip: Any = None):
+        declared = getattr(logs, "_aggregations", None)
         modes, running = self._modes, self._running
         for collection, entries in logs.items():
+            skipped = skip.get(collection, ()) if skip else ()
             for name, value in entries.items():
+                if name in skipped:
+                    continue
                 key = (collection, name)
                 accumulator = running.get(key)
                 if accumulator is None:
@@ -77,7 +88,10 @@ class EpochLogs:
                     if mode is None:
                         continue
                     accumulator = running[key] = Running(mode)
-                accumulator.add(value, size)
+                if stacked:
+                    accumulator.add_rows(value, size)
+                else:
+                    accumulator.add(value, size)
 
     def logs(self) -> Logs:
         """The epoch's aggregates, `{name}_epoch`; starts the next epoch."""
