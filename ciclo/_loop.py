@@ -29,7 +29,11 @@ from ciclo._resume import position, prepare
 from ciclo._schedules.base import fresh
 from ciclo._time import Elapsed, Period, Steps, as_period, batch_size, short
 
-__all__ = ["LoopState", "loop"]
+__all__ = ["EmptyDataWarning", "LoopState", "loop"]
+
+
+class EmptyDataWarning(UserWarning):
+    """A loop's dataset yielded no batch (the predefined loops say it their way)."""
 
 
 class LoopState:
@@ -448,6 +452,20 @@ def loop(
         raise
     finally:
         _finish(end_hooks, ls)
+    if (
+        run.current.steps == initial.steps
+        and not (ls.stop_iteration or ls.stopping)
+        and not (stop_period is not None and stop_period.reached(initial))
+    ):
+        warnings.warn(
+            EmptyDataWarning(
+                f"ciclo.loop: `dataset` yielded no batch (starting at step "
+                f"{initial.steps}), so no task ran on a batch. Expected at least one: "
+                f"check that it is not an exhausted iterator or generator, or an "
+                f"empty list."
+            ),
+            stacklevel=2,
+        )
     return ls.state, history, run.current
 
 

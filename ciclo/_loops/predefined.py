@@ -29,7 +29,7 @@ from typing import Any
 
 from ciclo._fused import check_steps, declared_steps, fuse_passes
 from ciclo._history import History
-from ciclo._loop import loop
+from ciclo._loop import EmptyDataWarning, loop
 from ciclo._loops.register import Gated, as_list, register
 from ciclo._loops.tables import (
     EPOCH_LOGS,
@@ -116,7 +116,27 @@ def _run(table: Table, state, dataset, named, ordinary, **loop_kwargs):
             f"tasks={{ciclo.{table.step}: [{step}]}}."
         )
     tasks, on_start, on_end = _compile(table, named, ordinary)
-    return loop(state, dataset, tasks, on_start=on_start, on_end=on_end, **loop_kwargs)
+    with warnings.catch_warnings():  # each predefined loop says it its own way
+        warnings.simplefilter("ignore", EmptyDataWarning)
+        return loop(
+            state, dataset, tasks, on_start=on_start, on_end=on_end, **loop_kwargs
+        )
+
+
+def _warn_if_empty(where: str, result: Any, loop_kwargs: Mapping[str, Any]) -> None:
+    """Warns when a test/predict loop ran no batch (its stop not already reached)."""
+    start = loop_kwargs.get("elapsed") or Elapsed.create()
+    stop = loop_kwargs.get("stop")
+    if result[2].steps != start.steps or (
+        stop is not None and as_period(stop, "stop").reached(start)
+    ):
+        return
+    warnings.warn(
+        f"{where}: `dataset` yielded no batch (starting at step {start.steps}), so "
+        f"there is nothing in the history. Expected at least one batch: check that "
+        f"it is not an exhausted iterator or generator, or an empty list.",
+        stacklevel=3,
+    )
 
 
 def train_loop(
@@ -273,12 +293,15 @@ def train_loop(
         aggregates = EpochLogs(epoch_logs)  # validates the spec
         builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [aggregates.add], [aggregates.logs]
     tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, builtin)
-    result = loop(
-        state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
-        history=history, elapsed=elapsed, metadata=metadata,
-        catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
-        steps_per_call=1,  # grouped above, before the epoch's look-ahead
-    )  # fmt: skip
+    with warnings.catch_warnings():  # said below, the train_loop way
+        warnings.simplefilter("ignore", EmptyDataWarning)
+        result = loop(
+            state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
+            history=history, elapsed=elapsed, metadata=metadata,
+            catch_keyboard_interrupt=catch_keyboard_interrupt,
+            batch_size_fn=batch_size_fn,
+            steps_per_call=1,  # grouped above, before the epoch's look-ahead
+        )  # fmt: skip
     if data.empty and not (stop_at is not None and stop_at.reached(start)):
         warnings.warn(
             f"train_loop: `dataset` yielded no batch (starting at step "
@@ -316,7 +339,9 @@ def test_loop(
         [2, 4]
     """
     named, ordinary = register(TEST, state, tasks, callbacks)
-    return _run(TEST, state, dataset, named, ordinary, **loop_kwargs)
+    result = _run(TEST, state, dataset, named, ordinary, **loop_kwargs)
+    _warn_if_empty("ciclo.test_loop", result, loop_kwargs)
+    return result
 
 
 def predict_loop(
@@ -341,7 +366,9 @@ def predict_loop(
         [3, 6]
     """
     named, ordinary = register(PREDICT, state, tasks, callbacks)
-    return _run(PREDICT, state, dataset, named, ordinary, **loop_kwargs)
+    result = _run(PREDICT, state, dataset, named, ordinary, **loop_kwargs)
+    _warn_if_empty("ciclo.predict_loop", result, loop_kwargs)
+    return result
 
 
 test_loop.__test__ = False  # not a pytest test, even when imported into a test module

@@ -10,7 +10,7 @@ import numpy as np
 
 from ciclo._history import ELAPSED, History
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, Logs
-from ciclo._time import short
+from ciclo._time import Elapsed, short
 from ciclo.callbacks._aggregation import (
     AGGREGATIONS,
     REDUCTIONS,
@@ -141,21 +141,23 @@ class InnerLoop:
         `output_state=True`, else `state` itself.
 
         Raises:
-            TypeError: if `loop_fn` does not return `(state, History, elapsed)`.
+            TypeError: if `loop_fn` does not return `(state, history, elapsed)`
+                with a `History` or a list of log dicts.
             ValueError: if `"mean"`, `"sum"`, `"min"` or `"max"` meets values of
                 different shapes; the message names the `collection.entry`.
         """
         output = self.loop_fn(state)
-        if (
-            not isinstance(output, tuple)
-            or len(output) != 3
-            or not isinstance(output[1], History)
-        ):
+        history = None
+        if isinstance(output, tuple) and len(output) == 3:
+            history = as_history(output[1])
+        if history is None:
             raise TypeError(
                 f"inner_loop {self.name!r}: `loop_fn` must return (state, history, "
-                f"elapsed) like ciclo.loop / ciclo.test_loop; got {short(output, 200)}."
+                f"elapsed) like ciclo.loop / ciclo.test_loop, the history a "
+                f"ciclo.History or (as in Ciclo 0.1) a list of log dicts "
+                f"{{collection: {{name: value}}}}; got {short(output, 200)}."
             )
-        inner_state, history, elapsed = output
+        inner_state, _, elapsed = output
         # train_loop's test loops collect the modes their steps declare
         logs = self.aggregate(history, elapsed, getattr(self.loop_fn, "declared", None))
         return logs, inner_state if self.output_state else state
@@ -175,6 +177,35 @@ class InnerLoop:
                 f"entries are suffixed _{self.name})."
             )
         return logs, state if self.output_state else None
+
+
+def as_history(history: Any) -> History | None:
+    """A `History`, or Ciclo 0.1's history (a list of log dicts `{collection:
+    {name: value}}`, each row's `elapsed` collection giving its step and samples,
+    else row i at step i with one sample) as one; None for anything else."""
+    if isinstance(history, History):
+        return history
+    if not isinstance(history, list | tuple) or not all(
+        isinstance(row, Mapping)
+        and all(isinstance(entries, Mapping) for entries in row.values())
+        for row in history
+    ):
+        return None
+    out = History()
+    for i, row in enumerate(history):
+        elapsed = row.get(ELAPSED, {})
+        logs = Logs()
+        for collection, entries in row.items():
+            if collection != ELAPSED:
+                logs.add_entries(collection, **entries)
+        out.commit(
+            Elapsed.create(
+                steps=int(elapsed.get("steps", i)),
+                samples=int(elapsed.get("samples", i)),
+            ),
+            logs,
+        )
+    return out
 
 
 def _batch_sizes(history: History, elapsed: Any) -> dict[int, float]:
@@ -209,7 +240,10 @@ def inner_loop(
 
     Args:
         name: suffix of the logged entries (`"accuracy"` -> `"accuracy_{name}"`).
-        loop_fn: `state -> (state, history, elapsed)`, e.g. a `ciclo.test_loop` call.
+        loop_fn: `state -> (state, history, elapsed)`, e.g. a `ciclo.test_loop` call;
+            the history may also be Ciclo 0.1's list of log dicts `{collection:
+            {name: value}}` (rows without an `elapsed` collection count as steps
+            0, 1, ... of one sample each), aggregated the same way.
         output_state: use the inner loop's final state as the new state (default:
             the state is left unchanged).
         aggregation: how each entry's values over the inner steps become one value:
