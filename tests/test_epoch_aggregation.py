@@ -207,3 +207,46 @@ def test_fused_steps_aggregate_step_by_step_as_unfused(mode):
     assert len(unfused) == len(fused) == 2
     for a, b in zip(unfused, fused):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+_STRATEGIES_SCRIPT = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax.numpy as jnp, numpy as np, optax, ciclo
+from ciclo import managed
+
+@managed.train_step
+def train_step(state, batch):
+    loss = jnp.mean((state.params - batch) ** 2)
+    logs = ciclo.logs().add_loss("loss", loss, aggregation="max")
+    return logs.add_metric("m", batch.mean(), aggregation="min")
+
+for strategy in ("data_parallel", "sharded"):
+    state = managed.ManagedState.create(
+        params=jnp.float32(0.0), tx=optax.sgd(0.0), strategy=strategy)
+    data = [np.full((4,), v, np.float32) for v in (1, 3, 2, 0)]
+    _, h, _ = ciclo.train_loop(
+        state, data, {ciclo.on_train_step: train_step}, epoch_logs=True)
+    assert h.collect("loss_epoch") == [9.0], (strategy, h.collect("loss_epoch"))
+    assert h.collect("m_epoch") == [0.0], (strategy, h.collect("m_epoch"))
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_declared_modes_survive_the_multi_device_strategies():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-c", _STRATEGIES_SCRIPT],
+        env=dict(os.environ, PYTHONPATH=path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
