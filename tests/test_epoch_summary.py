@@ -172,3 +172,17 @@ def test_no_summary_after_the_bar_reached_its_total(capsys, monkeypatch):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" ")[0] for line in lines] == ["3/4", "4/4"]
     assert "/step" in lines[0] and "/step" not in lines[1]
+
+
+def test_lines_stay_in_order_while_a_summary_waits_for_the_device(capsys):
+    heavy_step(jnp.float32(0), np.float32(0))  # compile outside the loop
+    bar = ciclo.keras_bar(total=24, plain=True, plain_interval=0.0)  # every step
+    ciclo.train_loop(
+        jnp.float32(0), [np.float32(0)] * 24, {ciclo.on_train_step: heavy_step},
+        callbacks=[bar], epoch_duration=8,
+    )  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    done = [int(line.split("/")[0]) for line in lines]
+    assert done == sorted(done), lines  # progress lines never overtake a summary
+    summaries = [line for line in lines if "/step" in line]
+    assert [line.split(" ")[0] for line in summaries] == ["8/24", "16/24", "24/24"]

@@ -320,6 +320,8 @@ class ProgressBar(LoopElement):
         # a terminal redraws at most every `interval`, epochs or not
         if now - self._last_draw < self._every and not (epoch_end and self._plain):
             return
+        if self._plain and self._summaries:  # an epoch's summary comes first
+            return
         self._last_draw = now
         self._draw(current, target, unit, self._values.read())
 
