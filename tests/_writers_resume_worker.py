@@ -63,8 +63,13 @@ def main(directory, out, kill, how):
     writers = [
         ciclo.csv_logger(os.path.join(out, "log.csv")),
         ciclo.jsonl_logger(os.path.join(out, "log.jsonl")),
-        ciclo.tensorboard(os.path.join(out, "tb")),
     ]
+    try:  # the optional writers, where their package is installed
+        import tensorboardX  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        writers.append(ciclo.tensorboard(os.path.join(out, "tb")))
     try:
         import wandb  # noqa: F401
     except ImportError:

@@ -25,6 +25,7 @@ import sys
 import textwrap
 
 import pytest
+from _optional import skip_if_optional_missing
 from test_readme import _PRELUDE
 
 import ciclo
@@ -126,6 +127,7 @@ def test_docs_page_python_blocks_run(page, tmp_path):
         text=True,
         timeout=300,
     )
+    skip_if_optional_missing(result.returncode, result.stderr)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 
 

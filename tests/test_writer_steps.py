@@ -86,6 +86,8 @@ def test_by_hand_the_first_row_is_the_resume_point(tmp_path):
 
 
 def test_tensorboard_completed_steps_prefixes_and_a_resumed_run_purges(tmp_path):
+    pytest.importorskip("tensorboardX", reason="needs ciclo[tensorboard]")
+    pytest.importorskip("tensorboard", reason="reading events needs tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import (
         EventAccumulator,
     )
@@ -117,6 +119,7 @@ def test_tensorboard_completed_steps_prefixes_and_a_resumed_run_purges(tmp_path)
 
 
 def test_bad_prefix_is_a_clear_error(tmp_path):
+    pytest.importorskip("tensorboardX", reason="needs ciclo[tensorboard]")
     with pytest.raises(TypeError, match="prefix"):
         ciclo.tensorboard(tmp_path, prefix=3)
 

@@ -7,12 +7,18 @@ including while a checkpoint is being saved."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -108,11 +114,12 @@ def test_killed_and_resumed_writers_hold_each_step_once(tmp_path, reference, kil
     assert [r["steps"] for r in expected] == list(range(12))
     assert jsonl_rows(out) == expected
     assert csv_rows(out) == csv_rows(reference)
-    scalars, straight = tb_scalars(out), tb_scalars(reference)
-    assert set(scalars) == set(straight) >= {"loss", "mse_test"}
-    for tag, values in straight.items():
-        assert [s for s, _ in scalars[tag]] == [s for s, _ in values], tag
-        assert [v for _, v in scalars[tag]] == pytest.approx([v for _, v in values])
+    if _installed("tensorboardX") and _installed("tensorboard"):  # else not written
+        scalars, straight = tb_scalars(out), tb_scalars(reference)
+        assert set(scalars) == set(straight) >= {"loss", "mse_test"}
+        for tag, values in straight.items():
+            assert [s for s, _ in scalars[tag]] == [s for s, _ in values], tag
+            assert [v for _, v in scalars[tag]] == pytest.approx([v for _, v in values])
 
     runs = wandb_runs(out) if (out / "wandb").exists() else {}
     if runs:  # W&B: the resumed run continues the crashed one's run (same id)
