@@ -102,7 +102,7 @@ class Sharded(Strategy):
         # raw data (from the host) and wrap it again
         keys = jax.tree.map(tree_is_key, state)
         raw = jax.tree.map(
-            lambda x, key: np.asarray(jax.random.key_data(x)) if key else x,
+            lambda x, key: jax.device_get(jax.random.key_data(x)) if key else x,
             state,
             keys,
         )
