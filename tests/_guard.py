@@ -12,8 +12,9 @@ explicit (inside `jax.device_get`). Known gap on the CPU: `np.asarray(x)` reads
 a CPU array through the buffer protocol, which no Python hook sees.
 
 The CPU emulation reads jax's guard state (`jax._src.config.guard_lib`); if a
-jax version moves it, `disallow_device_to_host` falls back to the plain guard and
-`EMULATED` is False (tests that need the emulation skip on CPU then).
+jax version moves it, `EMULATED` is False, `disallow_device_to_host` is the plain
+guard, and `tests/test_no_sync.py::test_the_guard_refuses_implicit_reads_only`
+fails on the CPU, pointing here.
 """
 
 from __future__ import annotations

@@ -264,3 +264,15 @@ def test_checkpoint_and_lagged_readers_work_under_the_guard(tmp_path):
     assert restored_elapsed.steps == elapsed.steps == 8
     np.testing.assert_allclose(restored.params, state.params)
     assert len(history.collect("loss")) == 8
+
+
+def test_the_guard_refuses_implicit_reads_only():
+    # the helper the tests above rely on: on an accelerator JAX's guard, on the CPU
+    # its rule enforced by `_guard` (where JAX's own guard lets everything through)
+    value = jnp.arange(3.0) + 1
+    with disallow_device_to_host():
+        for implicit in (float, bool, lambda x: x.copy_to_host_async()):
+            with pytest.raises(Exception, match="Disallowed device-to-host transfer"):
+                implicit(value[0] + 1)
+        np.testing.assert_array_equal(jax.device_get(value), [1.0, 2.0, 3.0])
+    assert float(value[0]) == 1.0  # outside: allowed again
