@@ -64,7 +64,9 @@ def test_host_dispatches_step_n_plus_8_while_step_n_computes():
     # while step n is still computing on the device
     with Gate(hold=2, ahead=8) as gate, quiet() as out:
         state, history, elapsed = run_loop(
-            gate, ciclo.keras_bar(total=STEPS, interval=0.0, plain=False)
+            gate,
+            ciclo.keras_bar(total=STEPS, interval=0.0, plain=False),
+            history=ciclo.history(lag=4),  # lagged transfers started in the gap
         )
     gate.check()
     assert gate.dispatched_at_release >= gate.held + 8 + 1
