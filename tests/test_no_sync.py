@@ -183,8 +183,12 @@ def batches(n: int = STEPS):
     return [(x, x @ _W, np.full((4,), i, np.float32)) for i, x in enumerate(_X[:n])]
 
 
-@pytest.mark.parametrize("steps_per_call", [None, 4])
-def test_train_loop_with_test_loop_bar_writers_runs_ahead(steps_per_call, tmp_path):
+@pytest.mark.parametrize(
+    ("steps_per_call", "plain"), [(None, False), (4, False), (None, True)]
+)
+def test_train_loop_with_test_loop_bar_writers_runs_ahead(
+    steps_per_call, plain, tmp_path
+):
     # the test loop's results are aggregated on the host at each epoch end (a sync
     # per epoch, by design): the epochs end after the gap
     from ciclo import managed
@@ -206,7 +210,10 @@ def test_train_loop_with_test_loop_bar_writers_runs_ahead(steps_per_call, tmp_pa
                     ciclo.on_train_batch_end: gate.tick,
                 },
                 callbacks=[
-                    ciclo.keras_bar(total=STEPS, interval=0.0, plain=False),
+                    # plain: a line per epoch (its summary) and per interval
+                    ciclo.keras_bar(
+                        total=STEPS, interval=0.0, plain=plain, plain_interval=0.0
+                    ),
                     ciclo.csv_logger(tmp_path / "log.csv"),
                 ],
                 test_dataset=lambda: batches(2),
