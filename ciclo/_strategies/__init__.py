@@ -1,7 +1,8 @@
 """Strategies: how a managed step runs (`eager`, `jit`, `data_parallel`, `sharded`).
 
 Built-in names: `"eager"`, `"jit"`, `"jit_donate"`, `"data_parallel"`,
-`"data_parallel_donate"` and `"sharded"` (`"-"` works as `"_"`). Add your own with
+`"data_parallel_donate"` and `"sharded"` (`"-"` works as `"_"`);
+`sharded(mesh, rules=..., fsdp=...)` builds mesh/rule/FSDP variants of `"sharded"`. Add your own with
 `register_strategy(name, strategy)`. The protocol is documented in
 `ciclo._strategies.base`.
 """
@@ -16,7 +17,7 @@ from ciclo._strategies.registry import (
     registered_name,
     registered_strategies,
 )
-from ciclo._strategies.sharded import Sharded
+from ciclo._strategies.sharded import Sharded, sharded
 
 __all__ = [
     "Collectives",
@@ -30,6 +31,7 @@ __all__ = [
     "register_strategy",
     "registered_name",
     "registered_strategies",
+    "sharded",
 ]
 
 register_strategy("eager", Eager())
