@@ -5,7 +5,7 @@
 - a parameter: the first `(regex, spec)` rule whose regex `re.search`es its path
   (keys joined by `/`, e.g. `"Dense_0/kernel"`), else its annotation (Flax
   `nn.with_partitioning` / NNX `sharding` metadata, carried by the state's static
-  `param_specs`), else with `fsdp` its largest axis divisible by the data-axis size
+  `param_specs`; axis names the mesh lacks are dropped), else with `fsdp` its largest axis divisible by the data-axis size
   (leaves under `FSDP_MIN_SIZE` elements stay replicated), else replicated;
 - an optimizer-state leaf whose path ends with a parameter's path and has its
   shape (Adam's `mu`/`nu`, momentum traces, ...): that parameter's spec;
@@ -59,9 +59,14 @@ def path_str(path: Sequence[Any]) -> str:
         'Dense_0/kernel'
     """
     keys = list(path)
-    if keys and isinstance(keys[-1], jax.tree_util.GetAttrKey) and keys[-1].name in (
-        "value",
-        "raw_value",
+    if (
+        keys
+        and isinstance(keys[-1], jax.tree_util.GetAttrKey)
+        and keys[-1].name
+        in (
+            "value",
+            "raw_value",
+        )
     ):
         keys = keys[:-1]
     return "/".join(_entry(k) for k in keys)
@@ -154,6 +159,19 @@ def check_spec(path: str, shape: tuple[int, ...], spec: P, mesh: Mesh, why: str)
     return spec
 
 
+def _on_mesh(spec: P, mesh: Mesh) -> P:
+    """An annotation with the axis names `mesh` lacks dropped (the model's code
+    names its axes once; on a mesh without `"model"` that dimension is whole)."""
+
+    def keep(entry: Any) -> Any:
+        axes = tuple(a for a in _axes(entry) if a in mesh.shape)
+        if not axes:
+            return None
+        return axes[0] if len(axes) == 1 and not isinstance(entry, tuple) else axes
+
+    return P(*(keep(e) for e in spec))
+
+
 def _fsdp(shape: tuple[int, ...], axis: str, n: int) -> P:
     """The largest axis of `shape` divisible by `n`, sharded on `axis`."""
     if n <= 1 or math.prod(shape) < FSDP_MIN_SIZE:
@@ -190,7 +208,8 @@ def param_specs(
                     used.add(index)
                 return check_spec(name, shape, rule, mesh, f"rule {pattern.pattern!r}")
         if name in annotations:
-            return check_spec(name, shape, annotations[name], mesh, "annotation")
+            spec = _on_mesh(annotations[name], mesh)
+            return check_spec(name, shape, spec, mesh, "annotation")
         if fsdp:
             return _fsdp(shape, data_axis, n)
         return P()
@@ -252,8 +271,10 @@ def state_specs(
     )
     unused = [p.pattern for i, (p, _) in enumerate(rules) if i not in used]
     if unused:
-        paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(
-            state.params)[0]]
+        paths = [
+            path_str(p)
+            for p, _ in jax.tree_util.tree_flatten_with_path(state.params)[0]
+        ]
         raise ValueError(
             f"ciclo.sharded: the rule(s) {unused} match no parameter; the "
             f"parameters are {paths[:12]}{' ...' if len(paths) > 12 else ''} "

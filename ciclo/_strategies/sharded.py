@@ -76,7 +76,11 @@ def _auto(mesh: Mesh) -> Mesh:
     types = getattr(mesh, "axis_types", None)
     if types is None or all(t == AxisType.Auto for t in types):
         return mesh
-    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+    return Mesh(
+        mesh.devices,
+        mesh.axis_names,
+        axis_types=(AxisType.Auto,) * len(mesh.axis_names),
+    )
 
 
 class Sharded(Strategy):
@@ -265,7 +269,11 @@ class Sharded(Strategy):
                     f"{jax.process_count()} processes, mesh {dict(mesh.shape)})"
                     if jax.process_count() > 1
                     else f"{local} devices"
-                    + (f" of axis {self.data_axis!r}" if len(mesh.axis_names) > 1 else "")
+                    + (
+                        f" of axis {self.data_axis!r}"
+                        if len(mesh.axis_names) > 1
+                        else ""
+                    )
                 )
                 raise ValueError(
                     f"Strategy {self.name!r}: a batch of size {shape[0]} (leaf "
@@ -394,9 +402,9 @@ def sharded(
         >>> ciclo.sharded() is ciclo.get_strategy("sharded")
         True
     """
-    if mesh is None and rules is None and not fsdp and data_axis == "data":
-        if not donate:
-            return get_strategy("sharded")
+    defaults = mesh is None and rules is None and data_axis == "data"
+    if defaults and not fsdp and not donate:
+        return get_strategy("sharded")
     made = Sharded(
         "sharded_tmp",
         donate=donate,

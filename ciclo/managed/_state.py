@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import optax
 from flax import struct
-from jax.sharding import PartitionSpec
 from flax.training import train_state
+from jax.sharding import PartitionSpec
 
 from ciclo._strategies.base import Strategy
 from ciclo._strategies.registry import (
@@ -186,7 +186,9 @@ class ManagedState(train_state.TrainState):
         )
         return chosen.place_state(state)
 
-    def memory(self, fields: tuple[str, ...] = ("params", "opt_state")) -> dict[Any, int]:
+    def memory(
+        self, fields: tuple[str, ...] = ("params", "opt_state")
+    ) -> dict[Any, int]:
         """The bytes of `fields` (default: parameters + optimizer state) each device
         holds: `{device: bytes}` over this process's devices.
 
