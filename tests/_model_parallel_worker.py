@@ -4,17 +4,16 @@ devices, for test_model_parallel.py.
 Usage: python _model_parallel_worker.py MODE DEVICES OUT.pkl [DIR]
 MODE: `train` (jit vs 2x2 rules vs 1x4 fsdp, shard shapes, memory, Flax),
 `save` (train a sharded state, checkpoint it into DIR), `restore` (restore DIR on
-DEVICES devices onto a fresh mesh).
+devices devices onto a fresh mesh).
 """
 
 import os
 import pickle
 import sys
 
-MODE, DEVICES, OUT = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-DIRECTORY = sys.argv[4] if len(sys.argv) > 4 else None
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if __name__ == "__main__":  # (imported by _model_parallel_multihost.py)
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[2]}"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -25,7 +24,6 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import ciclo  # noqa: E402
 from ciclo import managed  # noqa: E402
 
-assert jax.device_count() == DEVICES, jax.devices()
 STEPS, BATCH = 20, 8
 RULES = [("Dense_0/kernel", P(None, "model")), ("Dense_1/kernel", P("model", None))]
 
@@ -37,7 +35,10 @@ def init_params():
             "kernel": jax.random.normal(k0, (16, 128)) * 0.1,
             "bias": jnp.zeros(128),
         },
-        "Dense_1": {"kernel": jax.random.normal(k1, (128, 4)) * 0.1, "bias": jnp.zeros(4)},
+        "Dense_1": {
+            "kernel": jax.random.normal(k1, (128, 4)) * 0.1,
+            "bias": jnp.zeros(4),
+        },
     }
 
 
@@ -47,7 +48,9 @@ def train_step(state, batch):
     p = state.params
     h = jnp.tanh(x @ p["Dense_0"]["kernel"] + p["Dense_0"]["bias"])
     out = h @ p["Dense_1"]["kernel"] + p["Dense_1"]["bias"]
-    return ciclo.logs().add_loss("loss", jnp.mean((out - y) ** 2)).add_output("out", out)
+    return (
+        ciclo.logs().add_loss("loss", jnp.mean((out - y) ** 2)).add_output("out", out)
+    )
 
 
 class State(managed.ManagedState):
@@ -68,9 +71,7 @@ def dataset():
 
 
 def create(strategy):
-    return State.create(
-        params=init_params(), tx=optax.adam(1e-2), strategy=strategy
-    )
+    return State.create(params=init_params(), tx=optax.adam(1e-2), strategy=strategy)
 
 
 def host(tree):
@@ -126,9 +127,13 @@ def flax_runs():
     class Net(nnx.Module):
         def __init__(self, rngs):
             part = nnx.with_partitioning
-            self.l1 = nnx.Linear(16, 64, kernel_init=part(init, (None, "model")), rngs=rngs)
+            self.l1 = nnx.Linear(
+                16, 64, kernel_init=part(init, (None, "model")), rngs=rngs
+            )
             self.drop = nnx.Dropout(0.1, rngs=rngs)
-            self.l2 = nnx.Linear(64, 4, kernel_init=part(init, ("model", None)), rngs=rngs)
+            self.l2 = nnx.Linear(
+                64, 4, kernel_init=part(init, ("model", None)), rngs=rngs
+            )
 
         def __call__(self, x):
             return self.l2(self.drop(nnx.relu(self.l1(x))))
@@ -194,8 +199,11 @@ def errors():
 
 
 def main():
+    mode, devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    directory = sys.argv[4] if len(sys.argv) > 4 else None
+    assert jax.device_count() == devices, jax.devices()
     results = {}
-    if MODE == "train":
+    if mode == "train":
         ref, ref_history = train("jit")
         results["jit"] = host(ref.params)
         results["jit_loss"] = ref_history.collect("loss")
@@ -213,9 +221,12 @@ def main():
             results[name] = host(state.params)
             results[name + "_loss"] = history.collect("loss")
             results[name + "_layout"] = layout(state)
-            fused, _ = train(strategy, fused=True)
-            results[name + "_fused"] = host(fused.params)
-            results[name + "_fused_layout"] = layout(fused)
+            fused = None
+            if name in ("rules", "fsdp"):
+                fused, _ = train(strategy, fused=True)
+            if fused is not None:
+                results[name + "_fused"] = host(fused.params)
+                results[name + "_fused_layout"] = layout(fused)
             results[name + "_to_jit"] = host(state.with_strategy("jit").params)
         # outputs come back as the rows of the batch, logs readable
         logs, _ = train_step(create(ciclo.sharded(mesh2, rules=RULES)), dataset()[0])
@@ -223,18 +234,18 @@ def main():
         results["loss_value"] = float(logs.losses.loss)
         results["flax"] = flax_runs()
         results["errors"] = errors()
-    elif MODE == "save":
+    elif mode == "save":
         mesh = jax.make_mesh((2, 2), ("data", "model"))
         state = create(ciclo.sharded(mesh, rules=RULES, fsdp=True))
         state, _, _ = ciclo.train_loop(
-            state, dataset(), callbacks=[ciclo.checkpoint(DIRECTORY)]
+            state, dataset(), callbacks=[ciclo.checkpoint(directory)]
         )
         results["params"] = host(state.params)
         results["mu"] = host(state.opt_state[0].mu)
         results["layout"] = layout(state)
         # resume in one line: a run stopped after 10 steps (epochs of 5 steps,
         # a checkpoint at each epoch end) goes on to 20 as if uninterrupted
-        resume_dir = DIRECTORY + "_resume"
+        resume_dir = directory + "_resume"
         strategy = ciclo.sharded(mesh, rules=RULES, fsdp=True)
         first, _, _ = ciclo.train_loop(
             create(strategy), dataset(), epoch_duration=5, stop=10, resume=resume_dir
@@ -246,21 +257,21 @@ def main():
         results["resumed"] = host(again.params)
         results["resumed_steps"] = elapsed.steps
         results["resumed_layout"] = layout(again)
-    elif MODE == "restore":
-        if DEVICES > 1:
-            mesh = jax.make_mesh((1, DEVICES), ("data", "model"))
+    elif mode == "restore":
+        if devices > 1:
+            mesh = jax.make_mesh((1, devices), ("data", "model"))
             strategy = ciclo.sharded(mesh, rules=RULES)
         else:
             strategy = "jit"
         target = create(strategy)
-        state, elapsed = ciclo.restore(DIRECTORY, target)
+        state, elapsed = ciclo.restore(directory, target)
         results["params"] = host(state.params)
         results["mu"] = host(state.opt_state[0].mu)
         results["steps"] = elapsed.steps
         results["layout"] = layout(state)
         _, state = train_step(state, dataset()[0])  # and it trains on
         results["trained"] = int(state.step)
-    with open(OUT, "wb") as f:
+    with open(out, "wb") as f:
         pickle.dump(results, f)
 
 
