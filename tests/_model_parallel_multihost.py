@@ -15,8 +15,8 @@ os.environ["XLA_FLAGS"] = (
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
 process_id, num_processes, port, out = sys.argv[1:]
 process_id, num_processes = int(process_id), int(num_processes)

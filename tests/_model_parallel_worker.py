@@ -15,14 +15,14 @@ if __name__ == "__main__":  # (imported by _model_parallel_multihost.py)
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[2]}"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec as P
 
-import ciclo  # noqa: E402
-from ciclo import managed  # noqa: E402
+import ciclo
+from ciclo import managed
 
 STEPS, BATCH = 20, 8
 RULES = [("Dense_0/kernel", P(None, "model")), ("Dense_1/kernel", P("model", None))]

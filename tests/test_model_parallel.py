@@ -34,9 +34,9 @@ def _run(*args: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.pkl"
         mode, devices, *rest = args
+        script = str(HERE / "_model_parallel_worker.py")
         proc = subprocess.run(
-            [sys.executable, str(HERE / "_model_parallel_worker.py"), mode, devices]
-            + [str(out), *rest],
+            [sys.executable, script, mode, devices, str(out), *rest],
             check=False,
             capture_output=True,
             text=True,
