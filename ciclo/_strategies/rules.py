@@ -172,9 +172,9 @@ def _on_mesh(spec: P, mesh: Mesh) -> P:
     return P(*(keep(e) for e in spec))
 
 
-def _fsdp(shape: tuple[int, ...], axis: str, n: int) -> P:
+def _fsdp(shape: tuple[int, ...], axis: str, n: int, min_size: int) -> P:
     """The largest axis of `shape` divisible by `n`, sharded on `axis`."""
-    if n <= 1 or math.prod(shape) < FSDP_MIN_SIZE:
+    if n <= 1 or math.prod(shape) < min_size:
         return P()
     best = None
     for dim, size in enumerate(shape):
@@ -193,6 +193,7 @@ def param_specs(
     rules: Rules,
     annotations: dict[str, P],
     fsdp: bool,
+    fsdp_min_size: int = FSDP_MIN_SIZE,
     used: set[int] | None = None,
 ) -> Any:
     """A PartitionSpec for every leaf of `params` (see the module docstring);
@@ -211,7 +212,7 @@ def param_specs(
             spec = _on_mesh(annotations[name], mesh)
             return check_spec(name, shape, spec, mesh, "annotation")
         if fsdp:
-            return _fsdp(shape, data_axis, n)
+            return _fsdp(shape, data_axis, n, fsdp_min_size)
         return P()
 
     return jax.tree_util.tree_map_with_path(spec, params)
@@ -245,6 +246,7 @@ def state_specs(
     data_axis: str,
     rules: Rules,
     fsdp: bool,
+    fsdp_min_size: int = FSDP_MIN_SIZE,
 ) -> Any:
     """A PartitionSpec per leaf of `state` (a tree of the same structure).
 
@@ -267,6 +269,7 @@ def state_specs(
         rules=rules,
         annotations=annotations,
         fsdp=fsdp,
+        fsdp_min_size=fsdp_min_size,
         used=used,
     )
     unused = [p.pattern for i, (p, _) in enumerate(rules) if i not in used]

@@ -111,7 +111,8 @@ class Sharded(Strategy):
         rules: the `(compiled regex, PartitionSpec)` pairs.
         fsdp: shard the remaining parameters on `data_axis`.
         fsdp_min_size: under `fsdp`, parameters with fewer elements stay
-            replicated (1024).
+            replicated (1024; set it on the strategy object before placing a
+            state to change it).
 
     Example:
         >>> import ciclo
@@ -195,6 +196,7 @@ class Sharded(Strategy):
             data_axis=self.data_axis,
             rules=self.rules,
             fsdp=self.fsdp,
+            fsdp_min_size=self.fsdp_min_size,
         )
 
     def shardings(self, state: Any) -> Any:
