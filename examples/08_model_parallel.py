@@ -104,13 +104,13 @@ def main(steps: int) -> float:
         metrics={"accuracy": lambda preds, target: preds.argmax(-1) == target},
     )  # fmt: skip
     state = create(strategy)
+    replicated = create("sharded")  # (every process: placing is collective)
     main_process = jax.process_index() == 0
     if main_process:
         print(
             f"mesh {dict(mesh.shape)} over {jax.device_count()} device(s) in "
             f"{jax.process_count()} process(es); global batch {global_batch}"
         )
-        replicated = create("sharded")
         print(f"KiB per device, replicated: {kib(replicated)}")
         print(f"KiB per device, rules+fsdp: {kib(state)}")
         kernel = state.params["Dense_1"]["kernel"]
@@ -118,7 +118,7 @@ def main(steps: int) -> float:
             f"Dense_1/kernel {kernel.shape}: spec {kernel.sharding.spec}, shard "
             f"{kernel.addressable_shards[0].data.shape}"
         )
-        del replicated
+    del replicated
     state, _, elapsed = ciclo.train_loop(
         state,
         local_batches(x_train, y_train, global_batch),
@@ -144,8 +144,8 @@ if __name__ == "__main__":
     parser.add_argument("--process-id", type=int, default=0)
     args = parser.parse_args()
     if args.coordinator:
-        if jax.default_backend() == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # (the CPU backend's collectives across processes; GPUs use NCCL)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(
             coordinator_address=args.coordinator,
             num_processes=args.num_processes,

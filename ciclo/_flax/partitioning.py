@@ -30,7 +30,7 @@ def linen_annotations(params: Any) -> tuple[Any, tuple[tuple[str, P], ...]]:
         ...     nn.initializers.lecun_normal(), (None, "model")))
         >>> params = dense.init(jax.random.key(0), jnp.ones((1, 2)))["params"]
         >>> linen_annotations(params)[1]
-        (('kernel', PartitionSpec(None, 'model')),)
+        (('kernel', P(None, 'model')),)
     """
     from flax import linen as nn
 
@@ -58,7 +58,7 @@ def nnx_annotations(params: Any) -> tuple[tuple[str, P], ...]:
         ...     layer = nnx.Linear(2, 4, rngs=nnx.Rngs(0), kernel_init=nnx.with_partitioning(
         ...         nnx.initializers.lecun_normal(), (None, "model")))
         >>> nnx_annotations(nnx.state(layer, nnx.Param))
-        (('kernel', PartitionSpec(None, 'model')),)
+        (('kernel', P(None, 'model')),)
     """
     from flax import nnx
 

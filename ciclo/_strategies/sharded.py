@@ -188,7 +188,7 @@ class Sharded(Strategy):
             >>> s = managed.ManagedState.create(params={"w": jnp.ones(4)},
             ...     tx=optax.sgd(0.1), strategy="sharded")
             >>> ciclo.get_strategy("sharded").specs(s).params
-            {'w': PartitionSpec()}
+            {'w': P()}
         """
         return state_specs(
             state,
@@ -400,7 +400,7 @@ def sharded(
         >>> state = managed.ManagedState.create(
         ...     params={"w": jnp.ones((4, 8))}, tx=optax.adam(1e-3), strategy=strategy)
         >>> state.params["w"].sharding.spec, state.opt_state[0].mu["w"].sharding.spec
-        (PartitionSpec(None, 'model'), PartitionSpec(None, 'model'))
+        (P(None, 'model'), P(None, 'model'))
         >>> ciclo.sharded() is ciclo.get_strategy("sharded")
         True
     """
