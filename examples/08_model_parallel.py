@@ -8,9 +8,9 @@ parameters are sharded on `data`.
 Each device then holds only its shards; the script prints the per-device bytes of
 parameters + optimizer state against the replicated (`"sharded"`) case.
 
-On a CPU-only machine the script forces 4 CPU devices (it sets
-XLA_FLAGS=--xla_force_host_platform_device_count=4 before importing jax, unless
-XLA_FLAGS is already set), so the mesh is 2 x 2:
+On a CPU-only machine the script forces 4 CPU devices (it sets XLA_FLAGS to
+"--xla_force_host_platform_device_count=4 --xla_cpu_multi_thread_eigen=false"
+before importing jax, unless XLA_FLAGS is already set), so the mesh is 2 x 2:
 
     python examples/08_model_parallel.py
     CICLO_EXAMPLE_STEPS=20 python examples/08_model_parallel.py    # quick run
@@ -25,13 +25,19 @@ of every global batch:
         --num-processes 2 --process-id 0       # on host 0 (and 1 on host 1)
 
 (Try it on one machine with two terminals, 127.0.0.1 as the coordinator and
-XLA_FLAGS=--xla_force_host_platform_device_count=2: a 2 x 2 mesh.)
+XLA_FLAGS="--xla_force_host_platform_device_count=2
+--xla_cpu_multi_thread_eigen=false": a 2 x 2 mesh.)
 """
 
 import argparse
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# 4 CPU devices unless XLA_FLAGS says otherwise (forced CPU devices share one thread
+# pool: without eigen's intra-op threads a collective can't wait on a busy thread)
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=4 --xla_cpu_multi_thread_eigen=false",
+)
 
 import flax.linen as nn
 import jax

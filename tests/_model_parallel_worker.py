@@ -12,7 +12,12 @@ import pickle
 import sys
 
 if __name__ == "__main__":  # (imported by _model_parallel_multihost.py)
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[2]}"
+    # forced CPU devices share one thread pool: without intra-op threading a
+    # collective can't stall waiting for a participant with no free thread
+    os.environ["XLA_FLAGS"] = (
+        f"--xla_force_host_platform_device_count={sys.argv[2]} "
+        "--xla_cpu_multi_thread_eigen=false"
+    )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
