@@ -1,4 +1,4 @@
-"""Every bad input of API.md §3 and the README's "Bad input" list: one clear error
+"""Every bad input of API.md §3 and the "Bad input" list of docs/loop.md: one clear error
 naming the culprit and the fix, or the documented handling (a warning)."""
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def test_monitored_metric_that_never_appears():
 
 # -- datasets, stop, schedules, periods -------------------------------------------
 def test_empty_dataset_runs_nothing_and_train_loop_warns():
-    state, history, elapsed = ciclo.loop(0, [], {ALWAYS: _step})
+    with pytest.warns(UserWarning, match=r"ciclo.loop: `dataset` yielded no batch"):
+        state, history, elapsed = ciclo.loop(0, [], {ALWAYS: _step})
     assert (state, len(history), elapsed.steps) == (0, 0, 0)  # documented: ends
     with pytest.warns(UserWarning, match=r"`dataset` yielded no batch"):
         ciclo.train_loop(0, iter([]), {ciclo.on_train_step: _step},

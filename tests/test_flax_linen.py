@@ -259,7 +259,7 @@ def test_data_parallel_equals_jit_on_4_devices():
     Without dropout and with BatchNorm reduced over the device axis the params
     match to float tolerance; with dropout (different masks per device by design)
     both reach a comparable train accuracy. The same BatchNorm module without
-    `axis_name` under `sharded` matches `jit` too. See README.md, "Data parallelism
+    `axis_name` under `sharded` matches `jit` too. See docs/flax.md, "Data parallelism
     and BatchNorm".
     """
     # 4 CPU devices; optimisation level 0 makes XLA compile ~3x faster (the run is

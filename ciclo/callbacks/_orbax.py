@@ -113,7 +113,20 @@ def path(directory: Any) -> epath.Path:
             f"({type(directory).__name__})."
         )
     result = epath.Path(directory)
-    return result if "://" in str(directory) else result.absolute()
+    if "://" in str(directory):
+        return result
+    result = result.absolute()
+    for folder in (result, *result.parents):  # a file where a folder must be
+        if folder.exists():
+            if not folder.is_dir():
+                where = "is" if folder == result else f"is inside {str(folder)!r}, which is"
+                raise ValueError(
+                    f"The checkpoint directory {os.fspath(directory)!r} {where} an "
+                    f"existing file, not a directory. Pass a directory path (created "
+                    f"if missing), e.g. {str(folder.parent / 'checkpoints')!r}."
+                )
+            break
+    return result
 
 
 def manager(directory: epath.Path, **options: Any) -> ocp.CheckpointManager:

@@ -66,6 +66,7 @@ def reduce_logs(logs: Logs, collectives: Collectives) -> Logs:
         else:
             value = collectives.mean(value)
         out.add_entry(collection, name, value)
+    out._aggregations = getattr(logs, "_aggregations", None)  # declared modes
     return out
 
 
@@ -106,6 +107,7 @@ def _fold(stacked: Logs, mode: str) -> tuple[Logs, Logs | None]:
         else:
             value = jnp.mean(value, axis=0)
         out.add_entry(collection, name, value)
+    out._aggregations = getattr(stacked, "_aggregations", None)  # declared modes
     return out, None
 
 
