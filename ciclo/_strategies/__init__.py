@@ -11,13 +11,14 @@ from ciclo._strategies.base import Collectives, Strategy, is_stateful_metric
 from ciclo._strategies.data_parallel import DataParallel
 from ciclo._strategies.eager import Eager
 from ciclo._strategies.jit import Jit
+from ciclo._strategies.mesh import sharded
 from ciclo._strategies.registry import (
     get_strategy,
     register_strategy,
     registered_name,
     registered_strategies,
 )
-from ciclo._strategies.sharded import Sharded, sharded
+from ciclo._strategies.sharded import Sharded
 
 __all__ = [
     "Collectives",
