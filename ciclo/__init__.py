@@ -90,6 +90,7 @@ _LAZY = {
     "Strategy": ("ciclo._strategies", "Strategy", "flax"),
     "register_strategy": ("ciclo._strategies", "register_strategy", "flax"),
     "get_strategy": ("ciclo._strategies", "get_strategy", "flax"),
+    "sharded": ("ciclo._strategies", "sharded", "flax"),
     "create_flax_state": ("ciclo._flax", "create_flax_state", "flax"),
     "FlaxState": ("ciclo._flax", "FlaxState", "flax"),
 }
@@ -180,6 +181,7 @@ __all__ = [
     "profiler",
     "register_strategy",
     "restore",
+    "sharded",
     "tensorboard",
     "test_loop",
     "tqdm_bar",

@@ -21,7 +21,10 @@ as `ManagedState` / `FlaxState`) is saved in its single-device host layout
 (`strategy.to_host`) and restored into the host layout of the target, then placed
 with the target's strategy (`place_state`): a checkpoint moves freely between
 strategies and device counts (e.g. saved under `data_parallel` on 8 devices,
-restored under `jit` on one).
+restored under `jit` on one). A strategy with a `checkpoint_layout(state)` method
+saves that layout instead: `ciclo.sharded` keeps a sharded state's arrays as they
+are, so orbax writes each process's shards (no host gathers the model) and restores
+them straight into the shardings of the target (another mesh or device count).
 """
 
 from __future__ import annotations
@@ -193,9 +196,14 @@ def strategy_of(state: Any) -> Any:
 
 
 def host_layout(state: Any) -> Any:
-    """The state as saved: a managed state in its single-device host layout."""
+    """The state as saved: a managed state in its single-device host layout, or
+    in the layout its strategy's `checkpoint_layout` gives."""
     strategy = strategy_of(state)
-    return state if strategy is None else strategy.to_host(state)
+    if strategy is None:
+        return state
+    # a strategy may keep its layout (e.g. `ciclo.sharded`: sharded arrays, each
+    # process writing its own shards, restored in the target's shardings)
+    return getattr(strategy, "checkpoint_layout", strategy.to_host)(state)
 
 
 def is_leaf(state: Any) -> bool:
@@ -323,7 +331,7 @@ def restore_from(
     if target_state is None:
         state_args = ocp.args.StandardRestore()
     else:
-        host = target_state if strategy is None else strategy.to_host(target_state)
+        host = host_layout(target_state)
         abstract = jax.tree.map(
             ocp.utils.to_shape_dtype_struct, select(host, saved_items)
         )

@@ -374,7 +374,11 @@ class ManagedStep(LoopElement):
                 return _total_loss(logs, self.fn), (logs, new_state)
 
             grads, (logs, new_state) = jax.grad(loss_fn, has_aux=True)(state.params)
-            grads = collectives.mean(grads)
+            mean_grads = getattr(collectives, "mean_grads", None)
+            if mean_grads is None:
+                grads = collectives.mean(grads)
+            else:  # e.g. kept in the parameters' sharding
+                grads = mean_grads(grads, new_state)
             if getattr(new_state, "batch_stats", None) is not None:
                 new_state = new_state.replace(
                     batch_stats=collectives.mean(new_state.batch_stats)
