@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 import ciclo
-from ciclo import _history, _loop, _time, _transfer
+from ciclo import _columns, _history, _loop, _time, _transfer
 from ciclo._logs import Logs
 
 ALWAYS = ciclo.every(1)
@@ -32,15 +32,15 @@ WATCHED = {
         _history.History._take,
         _history.History._start,
         _history.History._complete,
-        _history._Column.append,
-        _history._scalar,
+        _columns.Column.append,
+        _columns._scalar,
         _transfer.to_host,
         _transfer.fetch,
         _transfer.start,
         _transfer.Transfer.__init__,
         _transfer.Transfer.ready,
         _transfer.Transfer.result,
-        _history._Column.extend,
+        _columns.Column.extend,
         _loop._Run.batches,
         _loop._Apply.__call__,
         _loop.LoopState.accumulated_logs.fget,
@@ -170,10 +170,15 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
         rows = _rows(history)
         assert [r[:2] for r in rows] == [r[:2] for r in expected], where
         assert all(r == e or r[2] is None for r, e in zip(rows, expected)), where
-    assert {"History.commit", "History._advance", "Logs.merge", "batch_size"} <= points
+    assert {
+        "HistoryStore.commit",
+        "HistoryStore._advance",
+        "Logs.merge",
+        "batch_size",
+    } <= points
     assert "Elapsed.update_time" in points
     if value is not int:
-        assert {"start", "Transfer.result", "_Column.extend"} <= points
+        assert {"start", "Transfer.result", "Column.extend"} <= points
 
 
 @pytest.mark.parametrize("value", [int, jnp.float32], ids=["python", "device"])

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ciclo._history import ELAPSED, History
+from ciclo._history import History
+from ciclo._history_store import ELAPSED
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, Logs
 from ciclo._time import Elapsed, short
 from ciclo.callbacks._aggregation import (
