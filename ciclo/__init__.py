@@ -19,9 +19,9 @@ import importlib
 from typing import Any
 
 from ciclo._time import Elapsed as Elapsed
-from ciclo._time import Period as Period
-from ciclo._time import Steps as Steps
-from ciclo._time import at as at
+from ciclo._period import Period as Period
+from ciclo._batch import Steps as Steps
+from ciclo._period import at as at
 from ciclo._time import elapse as elapse
 from ciclo._logs import Logs as Logs
 from ciclo._logs import logs as logs

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from ciclo._logs import Logs
-from ciclo._time import short
+from ciclo._short import short
 
 __all__ = [
     "ARGUMENTS",

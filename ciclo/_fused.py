@@ -1,6 +1,6 @@
 """Fused execution: `fuse` groups a dataset's batches into `Steps` super-batches.
 
-A `Steps` (see `ciclo._time`) is `n` consecutive batches stacked on a new leading
+A `Steps` (see `ciclo._batch`) is `n` consecutive batches stacked on a new leading
 axis; the loop counts it as `n` steps and a managed step runs its `n` steps in one
 compiled call (`jax.lax.scan`). Schedules are checked once per call (with the
 `elapsed` before it), so they fire at call boundaries; `stop` in steps is exact
@@ -15,7 +15,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ciclo._time import Elapsed, Period, Steps, batch_size
+from ciclo._batch import Steps, batch_size
+from ciclo._period import Period
+from ciclo._time import Elapsed
 
 __all__ = ["declared_steps", "fuse", "fuse_passes"]
 

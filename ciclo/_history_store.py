@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo import _transfer as transfer
+from ciclo._batch import Steps
 from ciclo._columns import Column, ElapsedColumn
 from ciclo._logs import Logs
-from ciclo._time import Elapsed, Steps, new_elapsed
+from ciclo._time import Elapsed, new_elapsed
 from ciclo._transfer import Row
 
 __all__ = ["ELAPSED", "HistoryStore"]

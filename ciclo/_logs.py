@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from ciclo._time import short
+from ciclo._short import short
 
 __all__ = ["Entries", "Logs", "locate", "logs"]
 

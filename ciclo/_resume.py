@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ciclo._history import History
-from ciclo._time import Elapsed, short
+from ciclo._short import short
+from ciclo._time import Elapsed
 
 __all__ = [
     "Start",

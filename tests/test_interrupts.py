@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 import ciclo
-from ciclo import _columns, _history, _loop, _time, _transfer
+from ciclo import _batch, _columns, _history, _loop, _time, _transfer
 from ciclo._logs import Logs
 
 ALWAYS = ciclo.every(1)
@@ -49,8 +49,8 @@ WATCHED = {
         _time.Elapsed.update,
         _time.Elapsed.update_time,
         _time.new_elapsed,
-        _time.batch_size,
-        _time._leaves,
+        _batch.batch_size,
+        _batch._leaves,
     )
 }
 

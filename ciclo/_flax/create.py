@@ -10,7 +10,7 @@ import optax
 
 from ciclo._callback import arity
 from ciclo._flax.state import FlaxState
-from ciclo._time import short
+from ciclo._short import short
 
 __all__ = ["create_flax_state"]
 

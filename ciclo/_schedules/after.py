@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from ciclo._period import Period
 from ciclo._schedules.base import Schedule
 from ciclo._schedules.every import UNITS, check_amount, one_unit
-from ciclo._time import Elapsed, Period
+from ciclo._time import Elapsed
 
 __all__ = ["After", "AfterEvery", "after", "period_repr"]
 

@@ -6,8 +6,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule
-from ciclo._time import Elapsed, Period, as_period
+from ciclo._time import Elapsed
 
 
 class EpochEnd(Schedule):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule, ScheduleLike, fresh
-from ciclo._time import Elapsed, Period, as_period
+from ciclo._time import Elapsed
 
 __all__ = ["Piecewise", "piecewise"]
 

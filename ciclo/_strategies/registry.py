@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ciclo._short import short
 from ciclo._strategies.base import Strategy
-from ciclo._time import short
 
 __all__ = [
     "get_strategy",

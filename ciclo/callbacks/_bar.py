@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ciclo._time import Elapsed, Period, as_period, batch_size
+from ciclo._batch import batch_size
+from ciclo._period import Period, as_period
+from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS, LaggedQueue, LaggedValues
 

@@ -10,7 +10,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ciclo._time import Elapsed, Period, as_period, batch_size
+from ciclo._batch import batch_size
+from ciclo._period import Period, as_period
+from ciclo._time import Elapsed
 from ciclo.callbacks._monitor import Monitor, as_logs
 
 __all__ = ["EarlyStopping", "early_stopping"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ciclo._batch import Steps
 from ciclo._logs import LOSSES, METRICS, Logs
-from ciclo._time import Elapsed, Steps
+from ciclo._time import Elapsed
 from ciclo.callbacks._aggregation import Running, Spec
 
 # What epoch_logs=True aggregates, and how: losses and metrics, each batch weighted

@@ -11,7 +11,8 @@ import numpy as np
 from ciclo._history import History
 from ciclo._history_store import ELAPSED
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, Logs
-from ciclo._time import Elapsed, short
+from ciclo._short import short
+from ciclo._time import Elapsed
 from ciclo.callbacks._aggregation import (
     AGGREGATIONS,
     REDUCTIONS,

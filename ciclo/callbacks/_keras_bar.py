@@ -14,7 +14,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
     import pkbar
 
-from ciclo._time import Period
+from ciclo._period import Period
 from ciclo.callbacks._bar import ProgressBar, format_duration
 
 __all__ = ["keras_bar"]

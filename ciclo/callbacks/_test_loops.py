@@ -13,9 +13,11 @@ from ciclo._history import History
 from ciclo._loops.register import Gated
 from ciclo._loops.tables import NESTED, VALIDATION
 from ciclo._passes import iterate
+from ciclo._period import as_period
 from ciclo._schedules.constant import always
 from ciclo._schedules.named import When, on_test_step, on_validation_step
-from ciclo._time import Elapsed, as_period, short
+from ciclo._short import short
+from ciclo._time import Elapsed
 from ciclo.callbacks._inner_loop import TEST_AGGREGATION, inner_loop
 
 

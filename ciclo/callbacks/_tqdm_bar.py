@@ -7,7 +7,7 @@ from typing import Any
 
 import tqdm as _tqdm
 
-from ciclo._time import Period
+from ciclo._period import Period
 from ciclo.callbacks._bar import ProgressBar
 
 __all__ = ["tqdm_bar"]

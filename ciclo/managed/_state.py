@@ -12,13 +12,13 @@ from flax import struct
 from flax.training import train_state
 from jax.sharding import PartitionSpec
 
+from ciclo._short import short
 from ciclo._strategies.base import Strategy
 from ciclo._strategies.registry import (
     get_strategy,
     register_strategy,
     registered_name,
 )
-from ciclo._time import short
 
 __all__ = ["ManagedState"]
 
