@@ -10,7 +10,8 @@ import os
 from typing import Any, TextIO
 
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
-from ciclo.callbacks._writer import ELAPSED_COLUMNS, Row, Writer
+from ciclo.callbacks._rows import ELAPSED_COLUMNS, Row
+from ciclo.callbacks._writer import Writer
 
 __all__ = ["csv_logger", "jsonl_logger"]
 

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
-from ciclo.callbacks._writer import Row, Tags, Writer, missing
+from ciclo.callbacks._rows import Row, Tags
+from ciclo.callbacks._writer import Writer, missing
 
 __all__ = ["tensorboard"]
 

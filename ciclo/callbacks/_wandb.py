@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
-from ciclo.callbacks._writer import Row, Tags, Writer, missing
+from ciclo.callbacks._rows import Row, Tags
+from ciclo.callbacks._writer import Writer, missing
 
 RUN_FILE = "ciclo-run.json"  # in wandb's directory: the run a resumed run continues
 

@@ -29,26 +29,23 @@ leaves them plus the failing step's row as the writer saw it (e.g. the NaN loss
 that `nan_guard` stopped on), which the history does not commit.
 
 Ctrl-C arriving while a writer updates its rows (in the main thread, with Python's
-default SIGINT handler) is deferred to the end of that writer's call (`_SigintGuard`),
-so a row is never lost or written twice by an interrupt landing mid-write.
+default SIGINT handler) is deferred to the end of that writer's call (`GUARD`, in
+`ciclo.callbacks._sigint`), so a row is never lost or written twice by an interrupt
+landing mid-write.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS, LaggedQueue
+from ciclo.callbacks._rows import Row, host_scalar, numeric
+from ciclo.callbacks._sigint import GUARD
 
-__all__ = ["Row", "Tags", "Writer", "host_scalar", "missing"]
-
-ELAPSED_COLUMNS = ("steps", "samples", "time", "completed")
+__all__ = ["Writer", "missing"]
 
 
 def missing(owner: str, module: str, extra: str) -> ImportError:
@@ -57,151 +54,6 @@ def missing(owner: str, module: str, extra: str) -> ImportError:
         f"ciclo.{owner} needs the optional dependency {module!r}, which is not "
         f"installed: install ciclo[{extra}] (pip install 'ciclo[{extra}]')."
     )
-
-
-def host_scalar(value: Any) -> int | float | None:
-    """A host value as a Python int/float when it is a single number, else None."""
-    if isinstance(value, bool | np.bool_):
-        return int(value)
-    if isinstance(value, int | float):
-        return value
-    if isinstance(value, np.ndarray | np.generic) and value.size == 1:
-        kind = value.dtype.kind
-        if kind == "b":
-            return int(value.reshape(()))
-        if kind in "iu":
-            return int(value.reshape(()))
-        if kind == "f" or (kind == "V" and np.issubdtype(value.dtype, np.floating)):
-            return float(value.reshape(()))
-        try:  # ml_dtypes such as bfloat16
-            return float(value.reshape(()).astype(np.float32))
-        except (TypeError, ValueError):
-            return None
-    return None
-
-
-class Tags:
-    """A writer's tag for each entry name: the bare name, or with a prefix.
-
-    `prefix` is None (bare names), a string put before every name (`"train/"`),
-    or a dict from a test name to its prefix, `""` standing for entries of no
-    listed test: `{"": "train/", "test": "val/"}` writes `loss` as `train/loss`
-    and `loss_test` (train_loop's test loop, `test_name="test"`) as `val/loss`.
-    """
-
-    def __init__(self, prefix: str | Mapping[str, str] | None, owner: str):
-        if prefix is None or isinstance(prefix, str):
-            self._default, self._tests = prefix or "", {}
-        elif isinstance(prefix, Mapping) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in prefix.items()
-        ):
-            self._default = prefix.get("", "")
-            self._tests = {f"_{k}": v for k, v in prefix.items() if k}
-        else:
-            raise TypeError(
-                f"ciclo.{owner}: `prefix` must be None, a string such as 'train/', "
-                f"or a dict from a test name to its prefix such as "
-                f"{{'': 'train/', 'test': 'val/'}}; got {prefix!r}."
-            )
-        self._cache: dict[str, str] = {}
-
-    def __call__(self, name: str) -> str:
-        tag = self._cache.get(name)
-        if tag is None:
-            tag = self._default + name
-            for suffix, prefix in self._tests.items():
-                if name.endswith(suffix) and len(name) > len(suffix):
-                    tag = prefix + name[: -len(suffix)]
-                    break
-            self._cache[name] = tag
-        return tag
-
-
-def _numeric(value: Any) -> bool:
-    """Cheap per-step filter: could `value` be a single number (no conversion)."""
-    if isinstance(value, bool | int | float | np.number | np.bool_):
-        return True
-    shape = getattr(value, "shape", None)
-    return shape is not None and int(np.prod(shape)) == 1
-
-
-class Row:
-    """One step: its elapsed fields and `{entry name: value}` (values may still be
-    on the device)."""
-
-    __slots__ = ("completed", "entries", "samples", "steps", "time")
-
-    def __init__(
-        self,
-        steps: int,
-        samples: int,
-        time: float,
-        entries: dict,
-        completed: int | None = None,
-    ):
-        self.steps, self.samples, self.time = steps, samples, time
-        self.entries = entries
-        self.completed = steps + 1 if completed is None else completed
-
-    @classmethod
-    def of(cls, elapsed: Any, entries: dict) -> Row:
-        return cls(
-            int(elapsed.steps), int(elapsed.samples), float(elapsed.time), entries
-        )
-
-
-class _SigintGuard:
-    """Defers Ctrl-C (SIGINT) while a writer updates its rows during a loop.
-
-    A writer's call moves rows between its held row, its queue and the output; a
-    KeyboardInterrupt raised in the middle would lose a row or write one twice.
-    While a loop runs a writer, this handler replaces Python's default SIGINT
-    handler: outside a writer's call it raises KeyboardInterrupt at once (as the
-    default does); inside one it is remembered and raised when the call ends, so
-    the loop sees Ctrl-C between two callbacks. A handler someone else installed is
-    left alone (the writer then runs unguarded), as is any thread but the main one.
-    """
-
-    def __init__(self):
-        self.users = 0  # writers in a running loop that count on the handler
-        self.busy = False  # a writer's call is running
-        self.pending = False  # a SIGINT came during it
-        self.handler = self._handle  # one object, to recognise it installed
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.busy:
-            self.pending = True
-            return
-        signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt
-
-    def acquire(self) -> bool:
-        """Installs the handler (first user); whether the caller is guarded."""
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        try:
-            current = signal.getsignal(signal.SIGINT)
-            if current is not self.handler:
-                if current is not signal.default_int_handler:
-                    return False  # a handler of the user's (or none): not ours
-                signal.signal(signal.SIGINT, self.handler)
-        except (ValueError, OSError):  # no signals here (e.g. a subinterpreter)
-            return False
-        self.users += 1
-        return True
-
-    def release(self) -> None:
-        """Puts Python's default handler back once the last user's loop ended."""
-        self.users = max(self.users - 1, 0)
-        if self.users == 0:
-            self.busy = self.pending = False
-            try:
-                if signal.getsignal(signal.SIGINT) is self.handler:
-                    signal.signal(signal.SIGINT, signal.default_int_handler)
-            except (ValueError, OSError):
-                pass
-
-
-_GUARD = _SigintGuard()
 
 
 class Writer(LoopElement):
@@ -232,7 +84,9 @@ class Writer(LoopElement):
         self._queue = LaggedQueue(max_pending)
         self._held: Row | None = None
         self._mark: tuple[Any, int] | None = None  # (history, index of held row)
-        self._guarded = False  # this loop's calls defer Ctrl-C (`_SigintGuard`)
+        self._guarded = (
+            False  # this loop's calls defer Ctrl-C (`ciclo.callbacks._sigint`)
+        )
         self._start: int | None = None  # the step the first loop starts from
         self._opened = False  # wrote before: later loops continue the output
         self.rows_written = 0
@@ -274,7 +128,7 @@ class Writer(LoopElement):
             entries = logs.get(collection)
             if entries:
                 for name, value in entries.items():
-                    if _numeric(value):
+                    if numeric(value):
                         out[name] = value
         return out
 
@@ -293,8 +147,8 @@ class Writer(LoopElement):
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
         if not self._guarded:  # once per loop
-            self._guarded = _GUARD.acquire()
-        guard = _GUARD if self._guarded else None
+            self._guarded = GUARD.acquire()
+        guard = GUARD if self._guarded else None
         if guard is not None:
             guard.busy = True
         try:
@@ -322,7 +176,7 @@ class Writer(LoopElement):
             self._held = self._mark = None
             if self._guarded:
                 self._guarded = False
-                _GUARD.release()
+                GUARD.release()
             self.close()
 
     def _completed(self, loop_state: Any) -> list[Row]:
