@@ -1,15 +1,20 @@
 """`ProgressBar`: what `keras_bar` and `tqdm_bar` share.
 
 The protocol (loop element, `__loop_callback__`, `__loop_end__`, the by-hand call),
-the throttled, lagged redraw, how far along a `total` the run is, and the two
-output modes: redrawn in place on a terminal, or plain lines on anything else — a
-log file, a pipe, CI: every `plain_interval` seconds, and at each epoch end of
-`train_loop` an epoch summary (every train and test scalar the epoch-end step
-logged, exact, and the epoch's seconds per step), printed once its values are
-computed (no wait on the device). Subclasses only draw: `_stream()`,
-`_draw(current, target, unit, values)`, `_draw_epoch(current, target, unit,
-values, per_step)` and `_close(current, target, unit, values)`, reading `_plain`,
-`_seconds`, `_rate` and `_end_summarized`.
+the throttled, lagged redraw (how far along a `total` the run is comes from
+`ciclo.callbacks._progress`), and the two output modes: redrawn in place on a
+terminal, or plain lines on anything else — a log file, a pipe, CI: every
+`plain_interval` seconds, and at each epoch end of `train_loop` an epoch summary
+(every train and test scalar the epoch-end step logged, exact, and the epoch's
+seconds per step), printed once its values are computed (no wait on the device).
+Subclasses only draw: `_stream()`, `_draw(current, target, unit, values)`,
+`_draw_epoch(current, target, unit, values, per_step)` and `_close(current,
+target, unit, values)`, reading `_plain`, `_seconds`, `_rate` and
+`_end_summarized`.
+
+Over 300 lines: one object's state machine (the run's mode, the redraw clock,
+the queued epoch summaries and the finish all read and set the same state),
+which would only be spread thinner across modules.
 """
 
 from __future__ import annotations
@@ -19,98 +24,21 @@ import time as _time
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from ciclo._batch import batch_size
-from ciclo._period import Period, as_period
+from ciclo._period import Period
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS, LaggedQueue, LaggedValues
+from ciclo.callbacks._progress import (
+    as_number,
+    check_seconds,
+    check_total,
+    is_terminal,
+    progress,
+    run_seconds,
+)
 
-__all__ = ["ProgressBar", "format_duration", "is_terminal", "progress"]
-
-_FIELDS = (("steps", "step"), ("samples", "sample"), ("time", "s"), ("date", "s"))
-
-
-def progress(
-    total: Period | None, done: Elapsed, now: float | None = None
-) -> tuple[float, float | None, str]:
-    """How far `done` is along `total`, as `(current, target, unit)`.
-
-    With a `Period` of several fields the one closest to being reached is used
-    (the loop stops at the first reached). Time and date are measured in seconds
-    since the run started, up to `now` (wall-clock; default: the current time).
-    Without a total: `(steps, None, "step")`.
-    """
-    if total is None:
-        return done.steps, None, "step"
-    now = _time.time() if now is None else now
-    seconds = max(float(done.time), now - float(done.date_start))
-    best: tuple[float, float, str] | None = None
-    best_fraction = -math.inf
-    for field, unit in _FIELDS:
-        goal = getattr(total, field)
-        if goal is None:
-            continue
-        if field == "steps":
-            current, target = done.steps, goal
-        elif field == "samples":
-            current, target = done.samples, goal
-        elif field == "time":
-            current, target = seconds, goal
-        else:
-            current, target = seconds, goal - float(done.date_start)
-        fraction = current / target if target > 0 else math.inf
-        if fraction > best_fraction:
-            best, best_fraction = (current, target, unit), fraction
-    assert best is not None  # a Period has at least one field
-    return best
-
-
-def is_terminal(stream: Any) -> bool:
-    """Whether `stream` shows a line redrawn in place (`\\r`): a terminal, or a
-    Jupyter cell's output (which handles `\\r` though it is no tty)."""
-    try:
-        if stream.isatty():
-            return True
-    except Exception:  # no isatty, or a closed file
-        pass
-    return type(stream).__module__.startswith("ipykernel")
-
-
-def format_duration(seconds: float) -> str:
-    """`12s`, `1:02` or `1:02:05`, as pkbar writes its ETA."""
-    if seconds > 3600:
-        return (
-            f"{seconds // 3600:.0f}:{(seconds % 3600) // 60:02.0f}:{seconds % 60:02.0f}"
-        )
-    if seconds > 60:
-        return f"{seconds // 60:.0f}:{seconds % 60:02.0f}"
-    return f"{seconds:.0f}s"
-
-
-def _check_seconds(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(
-            f"`{name}` must be a number of seconds, got {value!r} "
-            f"({type(value).__name__})."
-        )
-    if value < 0:
-        raise ValueError(f"`{name}` must be >= 0 seconds, got {value}.")
-    return float(value)
-
-
-def _check_total(total: Any) -> Period | None:
-    if total is None:
-        return None
-    period = as_period(total, "total")
-    for field, value in period.fields().items():
-        if value <= 0 and field != "date":
-            raise ValueError(
-                f"`total` must be positive; got {field}={value!r}. Use e.g. "
-                f"total=1000 (steps) or total=ciclo.at(samples=60_000)."
-            )
-    return period
+__all__ = ["ProgressBar"]
 
 
 class ProgressBar(LoopElement):
@@ -131,11 +59,11 @@ class ProgressBar(LoopElement):
         plain_interval: float = 10.0,
         plain: bool | None = None,
     ):
-        self.interval = _check_seconds(interval, "interval")
-        self.plain_interval = _check_seconds(plain_interval, "plain_interval")
+        self.interval = check_seconds(interval, "interval")
+        self.plain_interval = check_seconds(plain_interval, "plain_interval")
         if plain not in (None, True, False):
             raise TypeError(f"`plain` must be None, True or False; got {plain!r}.")
-        self.total = _check_total(total)
+        self.total = check_total(total)
         self.plain = plain
         # Only a total in steps alone can be checked without the batch size / clock.
         self._steps_only = self.total is not None and self.total.fields().keys() == {
@@ -257,12 +185,12 @@ class ProgressBar(LoopElement):
                         names.append(name)
                         values.append(value)
             # first-logged first (train entries, then the test ones), like Keras
-            seen = {name: i for i, name in enumerate(self._values._recent)}
+            seen = {name: i for i, name in enumerate(self._values.names())}
             order = sorted(
                 range(len(names)), key=lambda i: seen.get(names[i], len(seen) + i)
             )
             names, values = [names[i] for i in order], [values[i] for i in order]
-            where = (current, target, unit, _run_seconds(after), per_step, names)
+            where = (current, target, unit, run_seconds(after), per_step, names)
             self._summaries.push(where, values)
         elif self._epoch_ended:
             self._epoch_from = (after.steps, _time.time())
@@ -276,7 +204,7 @@ class ProgressBar(LoopElement):
         for (current, target, unit, seconds, per_step, names), values in ready:
             shown = {}
             for name, value in zip(names, values):
-                number = _number(value)
+                number = as_number(value)
                 if number is not None:
                     shown[name] = number
             self._seconds = seconds
@@ -313,7 +241,7 @@ class ProgressBar(LoopElement):
         if not self._open:
             self._start(current)
         self._last_position = (current, target, unit)
-        self._seconds = _run_seconds(done)
+        self._seconds = run_seconds(done)
         if target is not None and current >= target:
             self._finish(done)
             return
@@ -336,7 +264,7 @@ class ProgressBar(LoopElement):
         if not self._open:
             self._start(current)
         self._end_summarized = self._print_summaries(drain=True, end=current)
-        self._seconds = _run_seconds(done)
+        self._seconds = run_seconds(done)
         self._finished = True
         self._close(current, target, unit, self._values.read_final())
         self.closed = True
@@ -394,21 +322,6 @@ class ProgressBar(LoopElement):
         self, current: float, target: float | None, unit: str, values: dict
     ) -> None:
         raise NotImplementedError
-
-
-def _number(value: Any) -> float | None:
-    """A host value (fetched by the queue) as a float, if it is a scalar number."""
-    try:
-        array = np.asarray(value)
-    except Exception:
-        return None
-    if array.size != 1 or not np.issubdtype(array.dtype, np.number):
-        return None
-    return float(array.reshape(()))
-
-
-def _run_seconds(done: Elapsed) -> float:
-    return max(float(done.time), _time.time() - float(done.date_start))
 
 
 class _EpochEnd:

@@ -15,7 +15,8 @@ with warnings.catch_warnings():
     import pkbar
 
 from ciclo._period import Period
-from ciclo.callbacks._bar import ProgressBar, format_duration
+from ciclo.callbacks._bar import ProgressBar
+from ciclo.callbacks._progress import format_duration
 
 __all__ = ["keras_bar"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import KeysView, Mapping
 from typing import Any
 
 import jax
@@ -138,6 +138,10 @@ class LaggedValues:
                     self._shown[name] = number
         self._pinned.clear()
         return self._ordered()
+
+    def names(self) -> KeysView[str]:
+        """The names offered so far, the first offered first."""
+        return self._recent.keys()
 
     def _ordered(self) -> dict[str, float]:
         # First-logged first, like Keras.
