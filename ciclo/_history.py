@@ -16,7 +16,8 @@ import numpy as np
 
 from ciclo._columns import ElapsedColumn, column_values
 from ciclo._history_store import HistoryStore
-from ciclo._logs import Logs, locate
+from ciclo._locate import locate
+from ciclo._logs import Logs
 
 __all__ = ["History", "history"]
 

@@ -1,15 +1,22 @@
-"""`Logs`: a pytree dict of collections (`losses`, `metrics`, ...) to dicts of entries."""
+"""`Logs`: a pytree dict of collections (`losses`, `metrics`, ...) to dicts of entries.
+
+Past 300 lines: the one class, its pytree registration (which reads its declared
+modes) and the per-step paths written out inline on purpose (`add_metric`,
+`add_loss`, `merge`'s fast path, `logs()` without `__init__`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
 
+from ciclo._entries import Entries, flatten_dict, flatten_dict_fast, unflatten_dict
+from ciclo._locate import locate
 from ciclo._short import short
 
-__all__ = ["Entries", "Logs", "locate", "logs"]
+__all__ = ["Logs", "logs"]
 
 LOSSES = "losses"
 METRICS = "metrics"
@@ -28,20 +35,6 @@ def _check_mode(mode: Any, collection: str, name: str) -> None:
             f"(how train_loop(epoch_logs=...) aggregates the entry over an epoch), "
             f"got {mode!r}."
         )
-
-
-class Entries(dict):
-    """One collection of a `Logs`: `name -> value`, with attribute access."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(
-                f"No entry {name!r} in this collection; entries: {sorted(self)}."
-            ) from None
 
 
 class Logs(dict):
@@ -268,36 +261,6 @@ class Logs(dict):
         return [f"{c}.{n}" for c, n, _ in self.entries()]
 
 
-def locate(
-    keys: Iterable[tuple[str, str]], key: str, where: str
-) -> tuple[str, str] | None:
-    """The `(collection, name)` among `keys` that `key` names, or None if absent.
-
-    The one lookup rule of ciclo (logs, history, monitors): `key` is
-    `"collection.name"` or a bare `name`; a bare name found in several collections
-    is an error naming them all.
-
-    Raises:
-        ValueError: for a bare name that lives in several collections.
-
-    Example:
-        >>> from ciclo._logs import locate
-        >>> locate([("losses", "l"), ("metrics", "acc")], "acc", "logs")
-        ('metrics', 'acc')
-    """
-    collection, sep, name = key.partition(".")
-    if sep:
-        return (collection, name) if (collection, name) in set(keys) else None
-    found = [(c, n) for c, n in keys if n == key]
-    if len(found) > 1:
-        options = ", ".join(f"'{c}.{n}'" for c, n in found)
-        raise ValueError(
-            f"Entry {key!r} is ambiguous in {where}: it is in collections "
-            f"{[c for c, _ in found]}. Use one of {options}."
-        )
-    return found[0] if found else None
-
-
 def logs(collections: Mapping[str, Mapping[str, Any]] | None = None) -> Logs:
     """Creates an empty `Logs` (or one holding a copy of `collections`).
 
@@ -315,27 +278,6 @@ def logs(collections: Mapping[str, Mapping[str, Any]] | None = None) -> Logs:
 _new_logs = Logs.__new__
 
 
-def _flatten_dict(d: dict):
-    keys = tuple(d.keys())
-    return tuple((jax.tree_util.DictKey(k), d[k]) for k in keys), keys
-
-
-def _flatten_dict_fast(d: dict):
-    keys = tuple(d.keys())
-    return tuple(d[k] for k in keys), keys
-
-
-def _unflatten(cls):
-    new, update = cls.__new__, dict.update
-
-    def unflatten(keys, children):  # every jitted step's output: no __init__ call
-        out = new(cls)
-        update(out, zip(keys, children))
-        return out
-
-    return unflatten
-
-
 class _Declared(tuple):
     """A `Logs`'s static pytree data when it declares modes: `(keys, modes)`."""
 
@@ -343,7 +285,7 @@ class _Declared(tuple):
 
 
 def _flatten_logs(d: Logs):
-    children, keys = _flatten_dict(d)
+    children, keys = flatten_dict(d)
     declared = d._aggregations
     return children, keys if not declared else _Declared(
         (keys, tuple(declared.items()))
@@ -351,7 +293,7 @@ def _flatten_logs(d: Logs):
 
 
 def _flatten_logs_fast(d: Logs):
-    children, keys = _flatten_dict_fast(d)
+    children, keys = flatten_dict_fast(d)
     declared = d._aggregations
     return children, keys if not declared else _Declared(
         (keys, tuple(declared.items()))
@@ -359,7 +301,7 @@ def _flatten_logs_fast(d: Logs):
 
 
 def _unflatten_logs():
-    plain = _unflatten(Logs)
+    plain = unflatten_dict(Logs)
 
     def unflatten(aux, children):
         if type(aux) is not _Declared:
@@ -371,9 +313,6 @@ def _unflatten_logs():
     return unflatten
 
 
-jax.tree_util.register_pytree_with_keys(
-    Entries, _flatten_dict, _unflatten(Entries), _flatten_dict_fast
-)
 jax.tree_util.register_pytree_with_keys(
     Logs, _flatten_logs, _unflatten_logs(), _flatten_logs_fast
 )

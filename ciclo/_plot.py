@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ciclo._logs import locate
+from ciclo._locate import locate
 
 __all__ = ["plot"]
 

@@ -16,7 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ciclo._logs import Logs, locate
+from ciclo._locate import locate
+from ciclo._logs import Logs
 
 __all__ = ["MODES", "Monitor", "as_logs"]
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, locate
+from ciclo._locate import locate
+from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import LaggedQueue
 
