@@ -25,6 +25,7 @@ from ciclo._callback import arity, describe, split_output, uncalled
 from ciclo._fused import check_steps, declared_steps, fuse
 from ciclo._history import History
 from ciclo._logs import Logs
+from ciclo._prefetch import Prefetch, check_prefetch, placer
 from ciclo._resume import position, prepare
 from ciclo._schedules.base import fresh
 from ciclo._time import Elapsed, Period, Steps, as_period, batch_size, short
@@ -307,6 +308,7 @@ def loop(
     batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
     metadata: Any = None,
     steps_per_call: int | None = None,
+    prefetch: int | None = None,
 ) -> tuple[Any, History, Elapsed]:
     """Runs `tasks` over `dataset`: for each batch, every firing schedule's callbacks.
 
@@ -350,6 +352,16 @@ def loop(
             steps. Default: what a callback declares (a managed step made with
             `steps_per_call=`), else 1. Schedules are checked once per call;
             a `stop` in steps is exact (the last call is shortened).
+        prefetch: with a state that carries a strategy (a managed or Flax
+            state), how many upcoming batches (fused calls) are read and placed
+            on the device with the strategy while the current step runs; 0
+            turns it off; None (default): one on an accelerator when a batch
+            holds at least 256 KiB (a fused call always), else off. Callbacks
+            still get the dataset's batches; only consumed batches are counted
+            (`elapsed`, checkpoints' data position); a dataset's exception is
+            raised at its batch; a checkpointable iterator (Grain's) is put back
+            after the last consumed batch when the loop ends; reading never goes
+            past a `stop` in steps.
 
     Returns:
         `(state, history, elapsed)`, `elapsed` counting every consumed batch.
@@ -410,11 +422,23 @@ def loop(
         if stop_period is not None and stop_period.steps is not None:
             limit = max(stop_period.steps - initial.steps, 0)
         iterator = fuse(iterator, steps_per_call, batch_size_fn, limit)
+    reader = None
+    if check_prefetch(prefetch, "ciclo.loop") != 0:
+        place = placer(state)
+        if place is not None:
+            left = None
+            if stop_period is not None and stop_period.steps is not None:
+                left = [max(stop_period.steps - initial.steps, 0)]
+            iterator = reader = Prefetch(iterator, place, prefetch, left)
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
     ls._data = iterator
     run = _Run(ls, plan, start, stop_period, batch_size_fn)
     try:
-        run.batches(iterator)
+        try:
+            run.batches(iterator)
+        finally:
+            if reader is not None:
+                reader.close()
     except KeyboardInterrupt as error:
         if not catch_keyboard_interrupt:
             ls.error = error

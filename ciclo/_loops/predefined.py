@@ -37,6 +37,7 @@ from ciclo._loops.tables import (
     Table,
 )
 from ciclo._passes import train_data
+from ciclo._prefetch import check_prefetch, prefetch_passes
 from ciclo._resume import prepare
 from ciclo._schedules.epoch import EpochEnd, epochs_end
 from ciclo._schedules.named import (
@@ -138,6 +139,7 @@ def train_loop(
     inner_loop_kwargs: Mapping[str, Any] | None = None,
     resume: str | os.PathLike | None = None,
     steps_per_call: int | None = None,
+    prefetch: int | None = None,
 ) -> tuple[Any, History, Elapsed]:
     """Trains with named schedules, evaluating on `test_dataset` at each epoch end.
 
@@ -187,6 +189,10 @@ def train_loop(
             state, history, elapsed and data position restored).
         steps_per_call: run this many train steps per compiled call (see
             `ciclo.fuse`); default: what the train step declares, else 1.
+        prefetch: the batches (fused calls) read and placed on the device with
+            the state's strategy ahead of the train step, for a managed or Flax
+            state (see `ciclo.loop`; 0: off; None: automatic). Read ahead within
+            each pass, so epoch ends and data positions are as without it.
 
     Raises:
         ValueError: for an unknown named schedule, `test_dataset` with nothing on
@@ -236,6 +242,8 @@ def train_loop(
         steps_per_call = declared_steps(train_callbacks, state) or 1
     if check_steps(steps_per_call, "train_loop") > 1:
         fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
+    depth = check_prefetch(prefetch, "train_loop")
+    readers = prefetch_passes(data, state, depth, stop_at, start)
     finite = epochs is None or epoch_duration is None  # the data can end an epoch
     epoch = EpochEnd(
         epoch_duration, stop_at, start, data.exhausted if finite else None,
@@ -260,12 +268,18 @@ def train_loop(
         means = EpochMeans()
         builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [means.add], [means.means]
     tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, builtin)
-    result = loop(
-        state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
-        history=history, elapsed=elapsed, metadata=metadata,
-        catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
-        steps_per_call=1,  # grouped above, before the epoch's look-ahead
-    )  # fmt: skip
+    try:
+        result = loop(
+            state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
+            history=history, elapsed=elapsed, metadata=metadata,
+            catch_keyboard_interrupt=catch_keyboard_interrupt,
+            batch_size_fn=batch_size_fn,
+            steps_per_call=1,  # grouped above, before the epoch's look-ahead
+            prefetch=0,  # read ahead above, within each pass
+        )  # fmt: skip
+    finally:
+        for reader in readers:
+            reader.close()
     if data.empty and not (stop_at is not None and stop_at.reached(start)):
         warnings.warn(
             f"train_loop: `dataset` yielded no batch (starting at step "
@@ -288,7 +302,7 @@ def test_loop(
     `on_test_batch_begin`, `on_test_step`, the ordinary `tasks`, `on_test_batch_end`;
     `on_test_end` after the last batch. Registration as in `train_loop`;
     `loop_kwargs` (`stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
-    `metadata`, `batch_size_fn`) as in `ciclo.loop`.
+    `metadata`, `batch_size_fn`, `prefetch`) as in `ciclo.loop`.
 
     Raises:
         ValueError: if nothing would run per batch: no `on_test_step` (or other

@@ -23,6 +23,7 @@ import optax
 from ciclo._callback import arity, describe, inject, split_output
 from ciclo._fused import check_steps
 from ciclo._logs import LOSSES, METRICS, OUTPUTS, STATEFUL_METRICS, Logs
+from ciclo._prefetch import placed
 from ciclo._strategies.base import Collectives, Strategy, is_stateful_metric
 from ciclo._strategies.registry import get_strategy
 from ciclo._time import Elapsed, Steps, short
@@ -33,6 +34,7 @@ __all__ = [
     "REDUCTIONS",
     "ManagedStep",
     "grad_logs",
+    "place_ahead",
     "reduce_logs",
     "step",
     "train_step",
@@ -88,6 +90,58 @@ def _at_step(elapsed: Elapsed, i: Any, per_step: Any) -> Elapsed:
     e.__dict__["steps"] = elapsed.steps + i
     e.__dict__["samples"] = elapsed.samples + i * per_step
     return e
+
+
+_INT = jax.dtypes.canonicalize_dtype(np.int64)
+_FLOAT = jax.dtypes.canonicalize_dtype(np.float64)
+
+
+def _pack(elapsed: Elapsed, *ints: int) -> tuple[np.ndarray, np.ndarray]:
+    """`elapsed` (and `ints`) as two arrays: two transfers into a compiled step
+    instead of one per Python scalar (five for an `Elapsed`)."""
+    return (
+        np.array((elapsed.steps, elapsed.samples, *ints), _INT),
+        np.array((elapsed.date, elapsed.date_start, elapsed.time), _FLOAT),
+    )
+
+
+def _unpack(packed: tuple[Any, Any]) -> tuple[Elapsed, Any]:
+    """Inside the step: the `Elapsed` of `_pack` and its extra ints."""
+    ints, floats = packed
+    e = object.__new__(Elapsed)
+    d = e.__dict__
+    d["steps"], d["samples"] = ints[0], ints[1]
+    d["date"], d["date_start"], d["time"] = floats[0], floats[1], floats[2]
+    return e, ints[2:]
+
+
+def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn(state, batch, elapsed)` taking `elapsed` packed (`_pack`) too."""
+
+    def run(state, batch, elapsed):
+        if type(elapsed) is tuple:
+            elapsed = _unpack(elapsed)[0]
+        return fn(state, batch, elapsed)
+
+    return run
+
+
+def _compiles(strategy: Strategy) -> bool:
+    return type(strategy).wrap is not Strategy.wrap
+
+
+def place_ahead(strategy: Strategy, batch: Any) -> Any:
+    """`batch` placed for a managed step under `strategy`, as the step would place
+    it (a fused `Steps`: its stacked batch, in the layout the fused call takes);
+    on the device even for a strategy that leaves batches to `jit` (`jit`,
+    `eager`). Used to place batches ahead of their step (`ciclo._prefetch`)."""
+    as_is = type(strategy).place_batch is Strategy.place_batch
+    if type(batch) is Steps:
+        batch = batch.batch
+        if not as_is:
+            batch = jax.tree.map(lambda x: _batch_major(x, strategy), batch)
+    batch = strategy.place_batch(batch)
+    return jax.device_put(batch) if as_is else batch
 
 
 def _fold(stacked: Logs, mode: str) -> tuple[Logs, Logs | None]:
@@ -251,13 +305,18 @@ class ManagedStep(LoopElement):
                     f"state with managed.ManagedState.create(params=..., tx=...)."
                 )
             compiled = self._compiled[strategy] = strategy.wrap(
-                self._build(strategy), donate=strategy.donate and self.grad
+                _unpacking(self._build(strategy)), donate=strategy.donate and self.grad
             )
         if self._arity < 2:
             batch = None
+        else:
+            ahead = placed(batch, strategy)  # read ahead and placed by the loop
+            batch = strategy.place_batch(batch) if ahead is None else ahead
         if self._arity < 3:
             elapsed = None
-        logs, state = compiled(state, strategy.place_batch(batch), elapsed)
+        elif type(elapsed) is Elapsed and _compiles(strategy):
+            elapsed = _pack(elapsed)
+        logs, state = compiled(state, batch, elapsed)
         if strategy.max_in_flight is not None:
             self._bound_in_flight(strategy.max_in_flight, logs, state)
         return logs, state
@@ -277,16 +336,23 @@ class ManagedStep(LoopElement):
                 self._build_fused(strategy, mode, step_major),
                 donate=strategy.donate and self.grad,
             )
-        batch = steps.batch if self._arity >= 2 else None
-        if batch is not None and not step_major:
-            batch = jax.tree.map(lambda x: _batch_major(x, strategy), batch)
+        batch = None
+        if self._arity >= 2:
+            batch = placed(steps, strategy)  # stacked and placed ahead by the loop
+            if batch is None and steps.batch is not None:
+                batch = steps.batch
+                if not step_major:
+                    batch = jax.tree.map(lambda x: _batch_major(x, strategy), batch)
+                batch = strategy.place_batch(batch)
+        # only what the call uses goes to the device: the step indices when there
+        # is no batch to count them, `elapsed` (packed) when the step takes it
+        index = np.arange(steps.n, dtype=np.int32) if batch is None else None
         if self._arity < 3 or elapsed is None:
             elapsed = None
-        per_step = steps.samples // steps.n if steps.n else 0
-        index = np.arange(steps.n, dtype=np.int32)
-        (logs, rows), state = compiled(
-            state, strategy.place_batch(batch), (elapsed, per_step, index)
-        )
+        else:
+            per_step = steps.samples // steps.n if steps.n else 0
+            elapsed = _pack(elapsed, per_step)
+        (logs, rows), state = compiled(state, batch, (elapsed, index))
         if rows is not None:
             steps.rows = rows if steps.rows is None else Logs(steps.rows).merge(rows)
         if strategy.max_in_flight is not None:
@@ -299,9 +365,14 @@ class ManagedStep(LoopElement):
         single = self._build(strategy)
 
         def fused(state, batch, extra):
-            elapsed, per_step, index = extra
+            elapsed, index = extra
+            per_step = 0
+            if elapsed is not None:
+                elapsed, (per_step,) = _unpack(elapsed)
             if batch is not None and not step_major:
                 batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+            if index is None:  # as many steps as the stacked batch's leading axis
+                index = jnp.arange(jax.tree.leaves(batch)[0].shape[0], dtype=jnp.int32)
 
             def body(state, xs):
                 i, b = xs
