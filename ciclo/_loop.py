@@ -422,7 +422,6 @@ def loop(
         if stop_period is not None and stop_period.steps is not None:
             limit = max(stop_period.steps - initial.steps, 0)
         iterator = fuse(iterator, steps_per_call, batch_size_fn, limit)
-    reader = None
     if check_prefetch(prefetch, "ciclo.loop") != 0:
         place = placer(state)
         if place is not None:
@@ -430,15 +429,15 @@ def loop(
             if stop_period is not None and stop_period.steps is not None:
                 left = [max(stop_period.steps - initial.steps, 0)]
             iterator = reader = Prefetch(iterator, place, prefetch, left)
+            # first of the end hooks: `elapsed` then counts the consumed batches
+            end_hooks.insert(
+                0, lambda ls: reader.close(int(ls.elapsed.steps - initial.steps))
+            )
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
     ls._data = iterator
     run = _Run(ls, plan, start, stop_period, batch_size_fn)
     try:
-        try:
-            run.batches(iterator)
-        finally:
-            if reader is not None:
-                reader.close()
+        run.batches(iterator)
     except KeyboardInterrupt as error:
         if not catch_keyboard_interrupt:
             ls.error = error

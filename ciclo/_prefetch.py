@@ -149,6 +149,9 @@ class Prefetch:
         self._saves = checkpointable(source)
         # the source's position after the last batch handed out
         self._position = source.get_state() if self._saves else None
+        self.handed = 0  # steps handed out (a `Steps` counts as its `n`)
+        # (steps handed, position after them) of the last batches handed out
+        self._marks = collections.deque([(0, self._position)], maxlen=depth or 8)
         if self._saves:
             self.get_state, self.set_state = self._get_state, self._set_state
 
@@ -207,6 +210,9 @@ class Prefetch:
             queue.appendleft(item)
             raise
         batch, where, self._position = item
+        self.handed += batch.n if type(batch) is Steps else 1
+        if self._saves:
+            self._marks.append((self.handed, self._position))
         if where is not None and where is not _UNPLACED:
             _HANDED.append((batch, *where, self))
         return batch
@@ -221,28 +227,55 @@ class Prefetch:
         self._source.set_state(state)
         self._position = state
 
-    def close(self) -> None:
+    def close(self, consumed: int | None = None) -> None:
         """Forgets the placed batches; puts a checkpointable source back after the
-        last batch handed out, so the batches read ahead are read again."""
-        mine = [item for item in _HANDED if item[3] is self]
-        for item in mine:
+        last batch consumed (the first `consumed` steps handed out; default: all),
+        so the batches read ahead, or handed out but not trained on (Ctrl-C in
+        the middle of a batch), are read again by whoever iterates next."""
+        for item in [item for item in _HANDED if item[3] is self]:
             _HANDED.remove(item)
-        if self._queue and self._saves:
+        if not self._saves:
+            return
+        target = self._position
+        if consumed is not None and consumed < self.handed:
+            earlier = [p for n, p in self._marks if n <= consumed]
+            target = earlier[-1] if earlier else self._marks[0][1]
+        if self._queue or target is not self._position:
             self._queue.clear()
-            self._source.set_state(self._position)
+            self._source.set_state(target)
+            self._position = target
+
+
+class Closer:
+    """An end hook (`__loop_end__`) closing the `Prefetch` readers of a loop's
+    passes, given the steps the loop consumed (`loop_state.elapsed` at the end
+    counts exactly those); also a no-op callback (for `on_end`)."""
+
+    def __init__(self, start: int):
+        self.start, self.readers = start, []
+
+    def __call__(self) -> None:
+        return None
+
+    def __loop_end__(self, loop_state: Any) -> None:
+        consumed = int(loop_state.elapsed.steps) - self.start
+        for reader in self.readers:
+            left = consumed
+            consumed -= reader.handed
+            reader.close(left)
 
 
 def prefetch_passes(
     data: Any, state: Any, depth: int | None, stop_at: Any, start: Any
-) -> list[Prefetch]:
+) -> Closer | None:
     """Reads each pass of `data` (`ciclo._passes.Passes`) through a `Prefetch`
     (none for a state without a strategy, or `depth == 0`), never past `stop_at`'s
-    step count. Returns the list the passes' `Prefetch`es are added to (to close
-    them when the loop ends)."""
-    opened: list[Prefetch] = []
+    step count. Returns the `Closer` of the passes' readers (None without)."""
     place = placer(state)
     if place is None or depth == 0:
-        return opened
+        return None
+    closer = Closer(int(start.steps))
+    opened = closer.readers
     left = None
     if stop_at is not None and stop_at.steps is not None:
         left = [max(stop_at.steps - start.steps, 0)]
@@ -253,4 +286,4 @@ def prefetch_passes(
         return reader
 
     data.transform(each_pass)
-    return opened
+    return closer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+import weakref
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -164,6 +165,10 @@ def _grads(grads: Any, state: FlaxState) -> Logs:
     return grad_logs(grads, state, config.log_grad_norm, config.grads_fn)
 
 
+# FlaxConfig -> the empty metric states, on the host (numpy), for `reset_step`
+_EMPTY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class FlaxState(managed.ManagedState):
     """A managed state for a Flax Linen or NNX model, its losses and metrics.
 
@@ -220,7 +225,10 @@ class FlaxState(managed.ManagedState):
             0
         """
         strategy = get_strategy(self.strategy)
-        empty = self.config.objectives.empty_states()
+        empty = _EMPTY.get(self.config)
+        if empty is None:  # built once, kept on the host: no device op per reset
+            empty = jax.device_get(self.config.objectives.empty_states())
+            _EMPTY[self.config] = empty
         return self.replace(metric_states=strategy.place_state(empty))
 
     @property
@@ -320,6 +328,5 @@ def new_state(
         log_grad_norm=log_grad_norm,
         grads_fn=grads_fn,
     )
-    return FlaxState.create(
-        metric_states=objectives.empty_states(), config=config, **fields
-    )
+    empty = _EMPTY[config] = jax.device_get(objectives.empty_states())
+    return FlaxState.create(metric_states=empty, config=config, **fields)

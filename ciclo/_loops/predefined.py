@@ -243,7 +243,7 @@ def train_loop(
     if check_steps(steps_per_call, "train_loop") > 1:
         fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
     depth = check_prefetch(prefetch, "train_loop")
-    readers = prefetch_passes(data, state, depth, stop_at, start)
+    closer = prefetch_passes(data, state, depth, stop_at, start)
     finite = epochs is None or epoch_duration is None  # the data can end an epoch
     epoch = EpochEnd(
         epoch_duration, stop_at, start, data.exhausted if finite else None,
@@ -268,18 +268,15 @@ def train_loop(
         means = EpochMeans()
         builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [means.add], [means.means]
     tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, builtin)
-    try:
-        result = loop(
-            state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
-            history=history, elapsed=elapsed, metadata=metadata,
-            catch_keyboard_interrupt=catch_keyboard_interrupt,
-            batch_size_fn=batch_size_fn,
-            steps_per_call=1,  # grouped above, before the epoch's look-ahead
-            prefetch=0,  # read ahead above, within each pass
-        )  # fmt: skip
-    finally:
-        for reader in readers:
-            reader.close()
+    if closer is not None:  # its end hook first: the data position settles
+        on_end = [closer, *(on_end or [])]
+    result = loop(
+        state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
+        history=history, elapsed=elapsed, metadata=metadata,
+        catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
+        steps_per_call=1,  # grouped above, before the epoch's look-ahead
+        prefetch=0,  # read ahead above, within each pass
+    )  # fmt: skip
     if data.empty and not (stop_at is not None and stop_at.reached(start)):
         warnings.warn(
             f"train_loop: `dataset` yielded no batch (starting at step "
