@@ -384,6 +384,7 @@ def loop(
         (10, 5, [0, 1, 3, 6, 10])
     """
     plan = _plan(tasks)
+    check_prefetch(prefetch, "ciclo.loop")
     start = _runners(on_start, "on_start")
     end = _runners(on_end, "on_end")
     end_hooks = _end_hooks([*tasks.values(), on_start, on_end])
@@ -422,17 +423,16 @@ def loop(
         if stop_period is not None and stop_period.steps is not None:
             limit = max(stop_period.steps - initial.steps, 0)
         iterator = fuse(iterator, steps_per_call, batch_size_fn, limit)
-    if check_prefetch(prefetch, "ciclo.loop") != 0:
-        place = placer(state)
-        if place is not None:
-            left = None
-            if stop_period is not None and stop_period.steps is not None:
-                left = [max(stop_period.steps - initial.steps, 0)]
-            iterator = reader = Prefetch(iterator, place, prefetch, left)
-            # first of the end hooks: `elapsed` then counts the consumed batches
-            end_hooks.insert(
-                0, lambda ls: reader.close(int(ls.elapsed.steps - initial.steps))
-            )
+    place = placer(state, prefetch)
+    if place is not None:
+        left = None
+        if stop_period is not None and stop_period.steps is not None:
+            left = [max(stop_period.steps - initial.steps, 0)]
+        iterator = reader = Prefetch(iterator, place, prefetch, left)
+        # first of the end hooks: `elapsed` then counts the consumed batches
+        end_hooks.insert(
+            0, lambda ls: reader.close(int(ls.elapsed.steps - initial.steps))
+        )
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
     ls._data = iterator
     run = _Run(ls, plan, start, stop_period, batch_size_fn)

@@ -82,11 +82,14 @@ def placed(batch: Any, strategy: Any) -> Any:
     return None
 
 
-def placer(state: Any) -> Callable[[Any], Any] | None:
-    """How the state's strategy places a batch ahead, or None for a state without
-    a strategy (nothing to place: read-ahead would gain nothing)."""
+def placer(state: Any, depth: int | None) -> Callable[[Any], Any] | None:
+    """How the state's strategy places a batch ahead; None when nothing is read
+    ahead: `depth == 0`, a state without a strategy (nothing to place), or the
+    automatic depth (None) on a CPU (no transfer to overlap: no reader at all)."""
     name = getattr(state, "strategy", None)
-    if not isinstance(name, str):
+    if depth == 0 or not isinstance(name, str):
+        return None
+    if depth is None and not _accelerator():
         return None
     from ciclo._strategies.registry import get_strategy
     from ciclo.managed._steps import place_ahead  # only with a managed state
@@ -107,12 +110,17 @@ _ACCELERATOR: list[bool] = []
 _UNPLACED = object()
 
 
+def _accelerator() -> bool:
+    """Whether the default backend is not the CPU (read once)."""
+    if not _ACCELERATOR:
+        _ACCELERATOR.append(jax.default_backend() != "cpu")
+    return _ACCELERATOR[0]
+
+
 def _auto_depth(batch: Any) -> int:
     """`prefetch=None`: 1 on an accelerator for a fused `Steps` or a batch of at
     least `AUTO_MIN_BYTES` host bytes; else 0 (see `AUTO_MIN_BYTES`)."""
-    if not _ACCELERATOR:
-        _ACCELERATOR.append(jax.default_backend() != "cpu")
-    if not _ACCELERATOR[0]:
+    if not _accelerator():
         return 0
     if type(batch) is Steps:
         return 1
@@ -271,8 +279,8 @@ def prefetch_passes(
     """Reads each pass of `data` (`ciclo._passes.Passes`) through a `Prefetch`
     (none for a state without a strategy, or `depth == 0`), never past `stop_at`'s
     step count. Returns the `Closer` of the passes' readers (None without)."""
-    place = placer(state)
-    if place is None or depth == 0:
+    place = placer(state, depth)
+    if place is None:
         return None
     closer = Closer(int(start.steps))
     opened = closer.readers

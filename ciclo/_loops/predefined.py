@@ -224,6 +224,7 @@ def train_loop(
         from ciclo.callbacks._checkpoint import resuming
 
         callbacks = resuming(as_list(callbacks), resume)
+    check_prefetch(prefetch, "train_loop")
     named, ordinary = register(TRAIN, state, tasks, callbacks)
     state, history, elapsed, start_at = prepare(
         [*(tasks or {}).values(), *as_list(callbacks)], state, history, elapsed
@@ -242,8 +243,7 @@ def train_loop(
         steps_per_call = declared_steps(train_callbacks, state) or 1
     if check_steps(steps_per_call, "train_loop") > 1:
         fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
-    depth = check_prefetch(prefetch, "train_loop")
-    closer = prefetch_passes(data, state, depth, stop_at, start)
+    closer = prefetch_passes(data, state, prefetch, stop_at, start)
     finite = epochs is None or epoch_duration is None  # the data can end an epoch
     epoch = EpochEnd(
         epoch_duration, stop_at, start, data.exhausted if finite else None,
