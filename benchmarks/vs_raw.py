@@ -39,7 +39,9 @@ allows (they are not ciclo):
   raw scan K=32, device-resident   the scan over stacks placed beforehand: the
                  ceiling for a fused mode
   raw, one-ahead device_put   the raw loop placing each next batch with
-                 `jax.device_put` one step ahead (the design of ciclo's prefetch)
+                 `jax.device_put` one step ahead (the H100 experiment)
+  raw, one-ahead jitted identity   the same, placing through a jitted identity
+                 (the transfer of a jitted call's argument: ciclo's prefetch)
 
 Each round runs every variant right next to a raw run (the order within the pair
 alternating between rounds) and takes the ratio within the pair; the table gives
@@ -213,6 +215,29 @@ def run_raw_scan(batches, steps, _):
     jax.block_until_ready((params, losses))
 
 
+@jax.jit
+def _identity(batch):
+    return batch
+
+
+def run_raw_ahead_jit(batches, steps, _):
+    """The raw loop, each next batch placed one step ahead by a jitted identity
+    (the implicit transfer of a jitted call: what ciclo's prefetch does)."""
+    params = jax.device_put(init_params())
+    opt_state = TX.init(params)
+    losses = []
+    data = stream(batches, steps)
+    ahead = _identity(next(data))
+    for batch in data:
+        x, y = ahead
+        params, opt_state, loss = raw_step(params, opt_state, x, y)
+        ahead = _identity(batch)
+        losses.append(loss)
+    params, opt_state, loss = raw_step(params, opt_state, *ahead)
+    losses.append(loss)
+    jax.block_until_ready((params, losses))
+
+
 def resident_stacks(batches):
     """`K`-batch stacks of the cycled batches, on the device (one period)."""
     period = len(batches) * K // np.gcd(len(batches), K)
@@ -360,6 +385,10 @@ def main():
         ),
         "(calibration) raw, next batch device_put one step ahead": (
             run_raw_ahead,
+            lambda: None,
+        ),
+        "(calibration) raw, next batch placed one step ahead by a jitted identity": (
+            run_raw_ahead_jit,
             lambda: None,
         ),
         f"(calibration) raw step under a hand-written scan, K={K}": (

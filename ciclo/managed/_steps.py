@@ -140,8 +140,19 @@ def place_ahead(strategy: Strategy, batch: Any) -> Any:
         batch = batch.batch
         if not as_is:
             batch = jax.tree.map(lambda x: _batch_major(x, strategy), batch)
-    batch = strategy.place_batch(batch)
-    return jax.device_put(batch) if as_is else batch
+    if not as_is:
+        return strategy.place_batch(batch)
+    # through a compiled identity: the transfer of a jitted call's numpy argument
+    # (C++ dispatch) costs the host a fraction of `jax.device_put`'s (Python
+    # path): 40 vs 260 us for an (x, y) batch on the 2-core CPU VM; 80 vs 184 us
+    # on the H100 VM. Explicit placement: allowed under a transfer guard.
+    with jax.transfer_guard_host_to_device("allow"):
+        return _identity(batch)
+
+
+@jax.jit
+def _identity(batch: Any) -> Any:
+    return batch
 
 
 def _fold(stacked: Logs, mode: str) -> tuple[Logs, Logs | None]:
