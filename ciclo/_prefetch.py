@@ -2,15 +2,16 @@
 
 `Prefetch` wraps the batch iterator of a loop whose state carries a strategy (a
 managed or Flax state). When the loop takes batch `n`, it reads batches up to
-`n + depth` and places each with the strategy (`Strategy.place_batch`, then
-`jax.device_put` for a strategy that leaves batches on the host: `jit`, `eager`;
+`n + depth` and places each with the strategy (`Strategy.place_batch`; for a
+strategy that leaves batches to `jit` — `jit`, `eager` — through a compiled
+identity, whose argument transfer costs the host far less than `jax.device_put`;
 a fused `Steps` in the layout its compiled call takes). Placement is
 asynchronous, so the transfers of the next batches run while the device
 computes the steps already dispatched. The loop and the callbacks still get the
 dataset's own batch (counted, logged and checkpointed as without read-ahead); a
 managed step finds its placed copy with `placed` instead of placing it again.
 
-Design (measured on an NVIDIA H100, see benchmarks/RESULTS.md): the read-ahead runs
+Design (measured on an NVIDIA H100, see docs/performance.md): the read-ahead runs
 inline in the caller's thread. A thread per batch was slower on a dispatch-bound
 model (0.40-0.90x the naive loop: it competes for the GIL with the dispatch),
 while one-ahead inline `device_put` gave a compute-bound model 1.09x (its
