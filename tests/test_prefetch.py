@@ -358,3 +358,56 @@ def test_sharded_and_data_parallel_placement_on_four_devices():
         for x, y in zip(off["params"], on["params"]):
             np.testing.assert_allclose(x, y, atol=1e-5, err_msg=name)
         assert on["placed"], name  # every batch arrived placed for its strategy
+
+
+@managed.step
+def eval_step(state, batch):
+    x, y = batch
+    logits = m.apply(state.params, x)
+    return ciclo.logs().add_metric("accuracy", jnp.mean(jnp.argmax(logits, -1) == y))
+
+
+def test_passes_epochs_and_test_loops_are_unchanged_by_prefetch():
+    data = m.dataset(steps=5)
+    runs = {}
+    for prefetch in (0, 2):
+        ends = []
+
+        def on_epoch_end(state, batch, elapsed, loop_state, ends=ends):
+            ends.append(loop_state.elapsed_after.steps)
+
+        runs[prefetch] = ciclo.train_loop(
+            m.create(), data,
+            {ciclo.on_train_step: plain_step, ciclo.on_test_step: eval_step,
+             ciclo.on_epoch_end: on_epoch_end},
+            test_dataset=lambda: data[:3], epochs=3, prefetch=prefetch,
+        ), ends  # fmt: skip
+    (s0, h0, e0), ends0 = runs[0]
+    (s2, h2, e2), ends2 = runs[2]
+    assert ends0 == ends2 == [5, 10, 15] and e0.steps == e2.steps == 15
+    params_equal(s0, s2)
+    assert h0.collect("steps", "accuracy_test") == h2.collect("steps", "accuracy_test")
+    # a test loop of its own reads ahead too, in order
+    source = Source(data)
+    spy = Spy(data, source)
+    _, history, elapsed = ciclo.test_loop(
+        s2, source, {ciclo.on_test_step: [eval_step, spy]}, prefetch=2
+    )
+    assert [r[:2] for r in spy.rows] == [(i, i) for i in range(5)]
+    assert [r[2] for r in spy.rows] == [3, 4, 5, 5, 5]
+    assert elapsed.steps == 5 and len(history.collect("accuracy")) == 5
+
+
+def test_iterate_with_prefetch_stops_cleanly_and_counts_consumed_batches():
+    data = m.dataset(steps=9)
+    source = Source(data, checkpointable=True)
+    seen = []
+    for _state, _logs, elapsed in ciclo.iterate(
+        m.create(), source, {ciclo.on_train_step: plain_step},
+        epoch_duration=3, prefetch=2,
+    ):  # fmt: skip
+        seen.append(elapsed.steps)
+        if elapsed.steps == 6:
+            break
+    assert seen == [3, 6]
+    assert source.get_state() == {"next_index": 6}  # read-ahead put back
