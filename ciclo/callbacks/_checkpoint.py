@@ -41,7 +41,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from ciclo._history import History
 from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed, batch_size
-from ciclo.callbacks import _orbax
+from ciclo.callbacks import _faults, _lock, _orbax
 from ciclo.callbacks._monitor import Monitor
 
 __all__ = ["checkpoint", "restore"]
@@ -266,6 +266,9 @@ class checkpoint:
         self._saved: set[int] = set()
         self._unranked = self._fresh = False  # this loop's saves, with monitor
         self._returned: Elapsed | None = None  # what the last loop it ran in returned
+        self._locked = False  # holds the directory's lock (one run per directory)
+        self._pending: int | None = None  # the step of a save not known written yet
+        self._skipped: set[int] = set()  # steps the resume skipped as unreadable
 
     # -- registration -----------------------------------------------------------
     @property
@@ -388,17 +391,18 @@ class checkpoint:
         history and elapsed of the latest complete checkpoint (and the saved
         position of a checkpointable data iterator, when there is one), or None
         (start fresh) when the directory holds none."""
+        self._lock()  # a loop is about to write here: one run per directory
         if not self._resume_pending:
             return None
         self._resume_pending = False
-        if not self.directory.exists():
-            return None
         manager = self._open()
-        if not manager.all_steps():
+        steps = manager.all_steps()
+        if not steps:
             return None
         state, elapsed, history, data = _orbax.restore_from(
-            manager, state, False, None, with_history=True
+            manager, state, False, None, with_history=True, fallback=True
         )
+        self._skipped = {s for s in steps if s > elapsed.steps}
         if data is None:
             return state, history, elapsed
         return state, history, elapsed, data  # + the data iterator's position
@@ -449,13 +453,16 @@ class checkpoint:
                     f"directory is the one that resumes), or give each its own "
                     f"directory."
                 )
+        self._lock()
         manager = self._open()
         step = int(elapsed.steps)
+        self._finish(manager)  # the previous save: written, or a clear error
         stale = [s for s in manager.all_steps() if s >= step]
         if stale:
-            manager.wait_until_finished()
             _orbax.check_layout(manager, stale)  # never delete what is not ours
-            foreign = [s for s in stale if s not in self._saved]
+            foreign = [
+                s for s in stale if s not in self._saved and s not in self._skipped
+            ]
             if foreign:
                 warnings.warn(
                     f"ciclo.checkpoint: {self.directory} has checkpoints at steps "
@@ -484,13 +491,50 @@ class checkpoint:
         }
         if history is not None:
             items["history"] = ocp.args.JsonSave(history)
-        manager.save(
-            step,
-            args=ocp.args.Composite(**items),
-            metrics=metrics,
-            force=True,
-        )
+        self._pending = step
+        try:
+            manager.save(
+                step,
+                args=ocp.args.Composite(**items),
+                metrics=metrics,
+                force=True,
+            )
+        except Exception as error:
+            self._failed(error)
+            raise
         self._saved.add(step)
+        if not self.async_save:
+            self._pending = None
+
+    def _finish(self, manager: ocp.CheckpointManager) -> None:
+        """Waits for the pending save; a disk-full failure becomes one clear error."""
+        try:
+            manager.wait_until_finished()
+        except Exception as error:
+            self._failed(error)
+            raise
+        self._pending = None
+
+    def _failed(self, error: Exception) -> None:
+        """After a save failed: a full disk raises its one clear error (the partial
+        step removed, the manager dropped); any other error is left to propagate."""
+        step, self._pending = self._pending, None
+        if step is None or not _faults.is_disk_full(error):
+            return
+        manager, self._manager = self._manager, None
+        _OPEN.pop(id(self), None)
+        _abandon(manager)
+        raise _faults.disk_full(self.directory, step, error) from None
+
+    def _lock(self) -> None:
+        if not self._locked and "://" not in str(self.directory):
+            _lock.acquire(self.directory)
+            self._locked = True
+
+    def _unlock(self) -> None:
+        if self._locked:
+            self._locked = False
+            _lock.release(self.directory)
 
     def _open(self) -> ocp.CheckpointManager:
         if self._manager is None:
@@ -513,6 +557,7 @@ class checkpoint:
             except BaseException:
                 manager.close()
                 raise
+            _faults.quiet_orbax_logs()
             self._manager = manager
             _track(self)
         return self._manager
@@ -521,16 +566,25 @@ class checkpoint:
     def wait(self) -> None:
         """Blocks until the background saves are written (re-raises their errors)."""
         if self._manager is not None:
-            self._manager.wait_until_finished()
+            self._finish(self._manager)
 
     def close(self) -> None:
-        """Waits for the saves and releases orbax's resources (reopened on use)."""
-        if self._manager is not None:
-            manager, self._manager = self._manager, None
-            try:
-                manager.close()
-            finally:
-                _OPEN.pop(id(self), None)
+        """Waits for the saves and releases orbax's resources (reopened on use)
+        and the directory's lock."""
+        try:
+            manager = self._manager
+            if manager is not None:
+                try:
+                    self._finish(manager)  # a full disk: its one clear error
+                    manager.close()
+                except BaseException:
+                    _abandon(manager)
+                    raise
+                finally:
+                    self._manager = None
+                    _OPEN.pop(id(self), None)
+        finally:
+            self._unlock()
 
     def steps(self) -> list[int]:
         """The steps of the checkpoints in the directory (after pending saves)."""
@@ -560,6 +614,22 @@ class checkpoint:
         the best by `monitor`. See `ciclo.restore`."""
         self.wait()
         return _orbax.restore_from(self._open(), target_state, best, step)
+
+
+def _abandon(manager: ocp.CheckpointManager | None) -> None:
+    """Releases what it can of a manager whose save failed (its own close would
+    raise the failure again)."""
+    for name in (
+        "_checkpointer",
+        "_non_blocking_metadata_store",
+        "_blocking_metadata_store",
+        "_checkpoint_deleter",
+    ):
+        part = getattr(manager, name, None)
+        try:
+            part.close()  # type: ignore[union-attr]
+        except Exception:  # noqa: S110 - best effort: the failure is raised already
+            pass
 
 
 def resuming(callbacks: list[Any], directory: str | os.PathLike) -> list[Any]:

@@ -1,0 +1,122 @@
+"""A checkpoint that cannot be written because the disk is full, said plainly.
+
+Orbax writes a step into `<step>.orbax-checkpoint-tmp` and renames it when whole,
+and deletes older steps (retention) only after that: a save that fails leaves the
+previous checkpoints as they were. When it fails for lack of space (ENOSPC or
+EDQUOT from a Python write, tensorstore's `RESOURCE_EXHAUSTED`), `disk_full` turns
+the failure into one `OSError(ENOSPC)` naming the directory, the step that could
+not be saved and the newest checkpoint still there, after removing the partial
+temporary folder. `quiet_orbax_logs` keeps orbax's background threads from logging
+the same failure as pages of absl errors and tracebacks first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import shutil
+from typing import Any
+
+from etils import epath
+
+__all__ = ["disk_full", "is_disk_full", "quiet_orbax_logs"]
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_MARKERS = ("RESOURCE_EXHAUSTED", "No space left on device", "Disk quota exceeded")
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether `error` (or an error it came from) says the disk is full."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _NO_SPACE:
+            return True
+        if any(marker in str(error) for marker in _MARKERS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def disk_full(directory: epath.Path, step: int, error: BaseException) -> OSError:
+    """The one clear error for `step` not saved to `directory` for lack of space
+    (its partial temporary folder is removed first)."""
+    removed = _remove_partial(directory, step)
+    steps = sorted(
+        int(p.name) for p in _children(directory) if p.name.isdigit() and p.is_dir()
+    )
+    older = [s for s in steps if s < step]
+    if older:
+        kept = (
+            f"the previous checkpoint (step {older[-1]}) is intact, as is every "
+            f"checkpoint there (steps {steps}); resume from it with "
+            f"train_loop(..., resume=...) once there is space"
+        )
+    else:
+        kept = "there is no earlier checkpoint there"
+    partial = "its partial files were removed" if removed else "nothing was written"
+    return OSError(
+        errno.ENOSPC,
+        f"ciclo.checkpoint: no space left on the device of {directory}: the "
+        f"checkpoint of step {step} could not be saved ({partial}); {kept}. Free "
+        f"some space, keep fewer checkpoints (keep=) or save to another directory. "
+        f"(Underlying error: {_short(error)})",
+        str(directory),
+    )
+
+
+def _children(directory: epath.Path) -> list[epath.Path]:
+    try:
+        return list(directory.iterdir())
+    except OSError:
+        return []
+
+
+def _remove_partial(directory: epath.Path, step: int) -> bool:
+    """Removes orbax's temporary folder(s) of `step`; whether there was one."""
+    found = False
+    for child in _children(directory):
+        if child.name.startswith(f"{step}.orbax-checkpoint-tmp"):
+            found = True
+            with contextlib.suppress(OSError):
+                if "://" in str(child):
+                    child.rmtree()
+                else:
+                    shutil.rmtree(str(child), ignore_errors=True)
+    return found
+
+
+def _short(error: BaseException) -> str:
+    inner = error
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    text = " ".join(str(inner).split())
+    return f"{type(inner).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
+
+
+class _DiskFullFilter(logging.Filter):
+    """Drops orbax's log records about a write that failed for lack of space
+    (ciclo raises one clear error instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "orbax" not in record.pathname or record.levelno < logging.WARNING:
+            return True
+        if record.exc_info and is_disk_full(record.exc_info[1]):
+            return False
+        try:
+            message = record.getMessage()
+        except Exception:  # a record that cannot format: leave it
+            return True
+        return not any(marker in message for marker in _MARKERS)
+
+
+_installed = False
+
+
+def quiet_orbax_logs() -> None:
+    """Installs the filter on absl's logger (once)."""
+    global _installed
+    if not _installed:
+        _installed = True
+        logging.getLogger("absl").addFilter(_DiskFullFilter())
