@@ -391,17 +391,24 @@ class checkpoint:
         history and elapsed of the latest complete checkpoint (and the saved
         position of a checkpointable data iterator, when there is one), or None
         (start fresh) when the directory holds none."""
-        self._lock()  # a loop is about to write here: one run per directory
         if not self._resume_pending:
+            if self.directory.exists():
+                self._open()  # a directory that is not ciclo's: refused first
+            self._lock()  # a loop is about to write here: one run per directory
             return None
         self._resume_pending = False
-        manager = self._open()
-        steps = manager.all_steps()
-        if not steps:
-            return None
-        state, elapsed, history, data = _orbax.restore_from(
-            manager, state, False, None, with_history=True, fallback=True
-        )
+        try:
+            manager = self._open()
+            self._lock()
+            steps = manager.all_steps()
+            if not steps:
+                return None
+            state, elapsed, history, data = _orbax.restore_from(
+                manager, state, False, None, with_history=True, fallback=True
+            )
+        except BaseException:
+            self.close()  # the loop does not start: nothing to hold
+            raise
         self._skipped = {s for s in steps if s > elapsed.steps}
         if data is None:
             return state, history, elapsed
@@ -453,8 +460,8 @@ class checkpoint:
                     f"directory is the one that resumes), or give each its own "
                     f"directory."
                 )
-        self._lock()
         manager = self._open()
+        self._lock()
         step = int(elapsed.steps)
         self._finish(manager)  # the previous save: written, or a clear error
         stale = [s for s in manager.all_steps() if s >= step]
@@ -523,8 +530,9 @@ class checkpoint:
             return
         manager, self._manager = self._manager, None
         _OPEN.pop(id(self), None)
+        clear = _faults.disk_full(self.directory, step, error)  # writes settled
         _abandon(manager)
-        raise _faults.disk_full(self.directory, step, error) from None
+        raise clear from None
 
     def _lock(self) -> None:
         if not self._locked and "://" not in str(self.directory):

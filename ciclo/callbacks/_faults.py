@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import shutil
+import sys
+import time
 from typing import Any
 
 from etils import epath
@@ -23,6 +26,7 @@ from etils import epath
 __all__ = ["disk_full", "is_disk_full", "quiet_orbax_logs"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_SETTLE = 5.0  # seconds
 _MARKERS = ("RESOURCE_EXHAUSTED", "No space left on device", "Disk quota exceeded")
 
 
@@ -42,6 +46,8 @@ def is_disk_full(error: BaseException | None) -> bool:
 def disk_full(directory: epath.Path, step: int, error: BaseException) -> OSError:
     """The one clear error for `step` not saved to `directory` for lack of space
     (its partial temporary folder is removed first)."""
+    _FAILED.add(f"{directory}/{step}.orbax-checkpoint-tmp")
+    _quiet_leftovers()
     removed = _remove_partial(directory, step)
     steps = sorted(
         int(p.name) for p in _children(directory) if p.name.isdigit() and p.is_dir()
@@ -74,17 +80,47 @@ def _children(directory: epath.Path) -> list[epath.Path]:
 
 
 def _remove_partial(directory: epath.Path, step: int) -> bool:
-    """Removes orbax's temporary folder(s) of `step`; whether there was one."""
-    found = False
-    for child in _children(directory):
-        if child.name.startswith(f"{step}.orbax-checkpoint-tmp"):
-            found = True
-            with contextlib.suppress(OSError):
-                if "://" in str(child):
-                    child.rmtree()
-                else:
-                    shutil.rmtree(str(child), ignore_errors=True)
+    """Removes orbax's temporary folder(s) of `step`; whether there was one.
+
+    Writes of the failed save may still be in flight (tensorstore's, in the
+    background): the folder is removed once it stopped changing, and again until
+    it stays gone (for up to `_SETTLE` seconds in all)."""
+    found, deadline = False, time.monotonic() + _SETTLE
+    last, same, quiet = None, 0, 0
+    while quiet < 2 and time.monotonic() < deadline:
+        partial = [
+            child
+            for child in _children(directory)
+            if child.name.startswith(f"{step}.orbax-checkpoint-tmp")
+        ]
+        found = found or bool(partial)
+        if not partial:
+            quiet += 1
+        else:
+            quiet = 0
+            now = _snapshot(partial)
+            same = same + 1 if now == last else 0
+            last = now
+            if same >= 3:  # no write for a while: remove
+                for child in partial:
+                    with contextlib.suppress(OSError):
+                        if "://" in str(child):
+                            child.rmtree()
+                        else:
+                            shutil.rmtree(str(child), ignore_errors=True)
+        time.sleep(0.1)
     return found
+
+
+def _snapshot(folders: list[epath.Path]) -> list[tuple[str, int]]:
+    """The files under `folders` with their sizes (to see whether writes go on)."""
+    out = []
+    for folder in folders:
+        for root, _, files in os.walk(str(folder)):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    out.append((name, os.path.getsize(os.path.join(root, name))))
+    return sorted(out)
 
 
 def _short(error: BaseException) -> str:
@@ -93,6 +129,13 @@ def _short(error: BaseException) -> str:
         inner = inner.__cause__
     text = " ".join(str(inner).split())
     return f"{type(inner).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
+
+
+_FAILED: set[str] = set()  # the temporary folders of saves that found the disk full
+
+
+def _about_failed(text: str) -> bool:
+    return any(folder in text for folder in _FAILED)
 
 
 class _DiskFullFilter(logging.Filter):
@@ -108,10 +151,32 @@ class _DiskFullFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a record that cannot format: leave it
             return True
-        return not any(marker in message for marker in _MARKERS)
+        if any(marker in message for marker in _MARKERS) or _about_failed(message):
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        return not (error is not None and _about_failed(str(error)))
 
 
-_installed = False
+def _quiet_leftovers() -> None:
+    """After a full disk: the failed save's orphaned tensorstore callbacks report
+    "Event loop is closed" as unraisable errors; those alone are dropped."""
+    previous = sys.unraisablehook  # not captured at import: pytest swaps it
+
+    def hook(unraisable: Any) -> None:
+        code = getattr(unraisable.object, "cr_code", None)
+        if "Event loop is closed" in str(unraisable.exc_value) or "orbax" in str(
+            getattr(code, "co_filename", "")
+        ):
+            return
+        previous(unraisable)
+
+    global _hooked
+    if not _hooked:
+        _hooked = True
+        sys.unraisablehook = hook
+
+
+_installed = _hooked = False
 
 
 def quiet_orbax_logs() -> None:
