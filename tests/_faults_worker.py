@@ -2,8 +2,9 @@
 
 The model (`init_state`, `train_step`, `batches`) is shared with the tests. Modes:
 
-- `train DIR N`: `train_loop(..., resume=DIR)`, a checkpoint every 3 steps, 12
-  steps, with an `N`-float parameter vector (incompressible: random).
+- `train DIR N [KEEP]`: `train_loop(..., resume=DIR)`, a checkpoint every 3 steps
+  (keeping KEEP, default 1), 12 steps, with an `N`-float parameter vector
+  (incompressible: random).
 - `nospace DIR N`: the same, with a full disk from the checkpoint of step 6 on,
   injected at the file-call level: every write of a file under
   `6.orbax-checkpoint-tmp` (and later steps) fails with `OSError(ENOSPC)`.
@@ -71,10 +72,12 @@ def _full_disk_from(step: int) -> None:
 def main() -> None:
     mode, directory, *rest = sys.argv[1:]
     n = int(rest[0]) if rest else 64
+    keep = int(rest[1]) if len(rest) > 1 else 1
     if mode in ("train", "nospace"):
         if mode == "nospace":
             _full_disk_from(6)
-        _, _, elapsed = train(directory, n)
+        ckpt = ciclo.checkpoint(directory, keep=keep)
+        _, _, elapsed = train(directory, n, callbacks=[ckpt])
         print("DONE", elapsed.steps)
         return
     ckpt = ciclo.checkpoint(directory, async_save=False)

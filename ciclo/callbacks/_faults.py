@@ -23,7 +23,7 @@ from typing import Any
 
 from etils import epath
 
-__all__ = ["disk_full", "is_disk_full", "quiet_orbax_logs"]
+__all__ = ["disk_full", "is_disk_full", "quiet_orbax_logs", "reported"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _SETTLE = 5.0  # seconds
@@ -46,8 +46,7 @@ def is_disk_full(error: BaseException | None) -> bool:
 def disk_full(directory: epath.Path, step: int, error: BaseException) -> OSError:
     """The one clear error for `step` not saved to `directory` for lack of space
     (its partial temporary folder is removed first)."""
-    _FAILED.add(f"{directory}/{step}.orbax-checkpoint-tmp")
-    _quiet_leftovers()
+    reported(f"{directory}/{step}.orbax-checkpoint-tmp")
     removed = _remove_partial(directory, step)
     steps = sorted(
         int(p.name) for p in _children(directory) if p.name.isdigit() and p.is_dir()
@@ -131,49 +130,74 @@ def _short(error: BaseException) -> str:
     return f"{type(inner).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
 
 
-_FAILED: set[str] = set()  # the temporary folders of saves that found the disk full
+_FAILED: set[str] = set()  # the folders of saves / reads that failed: said already
 
 
 def _about_failed(text: str) -> bool:
     return any(folder in text for folder in _FAILED)
 
 
+def _text(record: logging.LogRecord) -> str:
+    try:
+        message = record.getMessage()
+    except Exception:  # a record that cannot format: nothing to match
+        message = ""
+    error = record.exc_info[1] if record.exc_info else None
+    return f"{message} {error or ''}"
+
+
 class _DiskFullFilter(logging.Filter):
-    """Drops orbax's log records about a write that failed for lack of space
-    (ciclo raises one clear error instead)."""
+    """Drops orbax's log records about a write that failed for lack of space, and
+    any about a save or read that ciclo reported already (as one clear error or
+    warning): a failed step's folder."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if "orbax" not in record.pathname or record.levelno < logging.WARNING:
             return True
         if record.exc_info and is_disk_full(record.exc_info[1]):
             return False
-        try:
-            message = record.getMessage()
-        except Exception:  # a record that cannot format: leave it
-            return True
-        if any(marker in message for marker in _MARKERS) or _about_failed(message):
-            return False
-        error = record.exc_info[1] if record.exc_info else None
-        return not (error is not None and _about_failed(str(error)))
+        text = _text(record)
+        return not (any(m in text for m in _MARKERS) or _about_failed(text))
+
+
+class _LeftoverFilter(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" about a failed folder
+    (orbax's tasks left behind by a failed read or save)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _about_failed(_text(record))
+
+
+def reported(folder: Any) -> None:
+    """Marks `folder` (a step's, or its temporary one) as failed and said: orbax's
+    and asyncio's later reports about it are dropped."""
+    _FAILED.add(str(folder))
+    _quiet_leftovers()
 
 
 def _quiet_leftovers() -> None:
-    """After a full disk: the failed save's orphaned tensorstore callbacks report
-    "Event loop is closed" as unraisable errors; those alone are dropped."""
+    """Orphaned tensorstore callbacks of a failed save or read report "Event loop
+    is closed" (or their orbax coroutine's error) as unraisable errors; those are
+    dropped, any other goes to the hook in place before."""
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
+    logging.getLogger("asyncio").addFilter(_LeftoverFilter())
     previous = sys.unraisablehook  # not captured at import: pytest swaps it
 
     def hook(unraisable: Any) -> None:
         code = getattr(unraisable.object, "cr_code", None)
-        if "Event loop is closed" in str(unraisable.exc_value) or "orbax" in str(
-            getattr(code, "co_filename", "")
+        error = str(unraisable.exc_value)
+        if (
+            "Event loop is closed" in error
+            or _about_failed(error)
+            or "orbax" in str(getattr(code, "co_filename", ""))
         ):
             return
         previous(unraisable)
 
-    global _hooked
-    if not _hooked:
-        _hooked = True
-        sys.unraisablehook = hook
+    sys.unraisablehook = hook
 
 
 _installed = _hooked = False

@@ -47,6 +47,7 @@ from etils import epath
 from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._time import Elapsed
+from ciclo.callbacks import _faults
 
 __all__ = [
     "ITEMS",
@@ -379,6 +380,8 @@ class Unreadable(Exception):
 
     def __init__(self, step: int, folder: epath.Path, error: BaseException):
         self.step, self.folder, self.why = step, folder, why(error)
+        _faults.quiet_orbax_logs()
+        _faults.reported(f"{folder}/")  # orbax's leftover tasks: said here
         super().__init__(f"step {step}: {self.why}")
 
 
