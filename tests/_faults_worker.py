@@ -61,9 +61,9 @@ def _full_disk_from(step: int) -> None:
         if isinstance(file, str | os.PathLike) and any(c in mode for c in "wax+"):
             for part in os.fspath(file).split(os.sep):
                 saved = part.split(".")[0]
-                if part.endswith(".orbax-checkpoint-tmp") and saved.isdigit():
-                    if int(saved) >= step:
-                        raise OSError(errno.ENOSPC, "No space left on device", file)
+                tmp = part.endswith(".orbax-checkpoint-tmp") and saved.isdigit()
+                if tmp and int(saved) >= step:
+                    raise OSError(errno.ENOSPC, "No space left on device", file)
         return real_open(file, mode, *args, **kwargs)
 
     builtins.open = failing

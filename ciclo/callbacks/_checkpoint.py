@@ -27,6 +27,7 @@ strategy or device count restores under any other.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import sys
@@ -565,7 +566,6 @@ class checkpoint:
             except BaseException:
                 manager.close()
                 raise
-            _faults.quiet_orbax_logs()
             self._manager = manager
             _track(self)
         return self._manager
@@ -634,10 +634,8 @@ def _abandon(manager: ocp.CheckpointManager | None) -> None:
         "_checkpoint_deleter",
     ):
         part = getattr(manager, name, None)
-        try:
+        with contextlib.suppress(Exception):  # best effort: the failure is raised
             part.close()  # type: ignore[union-attr]
-        except Exception:  # noqa: S110 - best effort: the failure is raised already
-            pass
 
 
 def resuming(callbacks: list[Any], directory: str | os.PathLike) -> list[Any]:

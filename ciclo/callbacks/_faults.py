@@ -172,7 +172,6 @@ def reported(folder: Any) -> None:
     """Marks `folder` (a step's, or its temporary one) as failed and said: orbax's
     and asyncio's later reports about it are dropped."""
     _FAILED.add(str(folder))
-    _quiet_leftovers()
 
 
 def _quiet_leftovers() -> None:
@@ -204,8 +203,10 @@ _installed = _hooked = False
 
 
 def quiet_orbax_logs() -> None:
-    """Installs the filter on absl's logger (once)."""
+    """Installs the filters on absl's and asyncio's loggers and the unraisable
+    hook (once; before any save or read, as leftovers may come at once)."""
     global _installed
     if not _installed:
         _installed = True
         logging.getLogger("absl").addFilter(_DiskFullFilter())
+        _quiet_leftovers()

@@ -134,6 +134,7 @@ def path(directory: Any) -> epath.Path:
 def manager(directory: epath.Path, **options: Any) -> ocp.CheckpointManager:
     """A `CheckpointManager` of the `state` + `elapsed` layout."""
     options.setdefault("cleanup_tmp_directories", not options.get("read_only"))
+    _faults.quiet_orbax_logs()  # a failure is said once, by ciclo
     return ocp.CheckpointManager(
         directory,
         item_names=ITEMS,
@@ -363,7 +364,7 @@ def restore_from(
                 f"(damaged or incomplete): {_listed(skipped)}. Nothing was loaded "
                 f"from them; they stay on disk until this run's saves replace "
                 f"them.",
-                stacklevel=4,
+                stacklevel=5,  # the train_loop / loop call
             )
         return restored
     raise ValueError(
@@ -380,7 +381,6 @@ class Unreadable(Exception):
 
     def __init__(self, step: int, folder: epath.Path, error: BaseException):
         self.step, self.folder, self.why = step, folder, why(error)
-        _faults.quiet_orbax_logs()
         _faults.reported(f"{folder}/")  # orbax's leftover tasks: said here
         super().__init__(f"step {step}: {self.why}")
 
