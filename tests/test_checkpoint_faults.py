@@ -135,6 +135,7 @@ def test_a_damaged_only_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["9"]  # untouched, and no lock left
 
 
+@pytest.mark.slow
 def test_a_user_sees_one_warning_when_resume_skips_a_damaged_checkpoint(tmp_path):
     three_checkpoints(tmp_path)
     overwrite_data(str(tmp_path / "9"))
@@ -185,6 +186,7 @@ def assert_one_clear_disk_full_error(proc, directory, n):
     assert_same_state(state, straight(stop=3, n=n)[0])
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_clear_error_and_the_previous_checkpoint_is_intact(
     tmp_path,
 ):
@@ -213,6 +215,7 @@ def small_tmpfs(path, size):
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0, reason="mounting needs root"
 )
@@ -234,6 +237,7 @@ def holding(directory):
     return proc
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path):
     with holding(tmp_path) as holder:
         try:
@@ -255,6 +259,7 @@ def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path):
     assert elapsed.steps == worker.STEPS
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_dead_run_is_taken_over(tmp_path):
     proc = run_worker("die", tmp_path)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
