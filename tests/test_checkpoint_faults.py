@@ -296,3 +296,43 @@ def test_a_checkpoint_by_hand_holds_the_lock_until_closed(tmp_path):
     assert elapsed.steps == 1
     ckpt.close()
     assert not (tmp_path / LOCK).exists()
+
+
+def run_two_processes(directory):
+    """The two processes of one `jax.distributed` run writing `directory`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    worker_py = os.path.join(HERE, "_lock_multihost_worker.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, worker_py, str(i), "2", str(port), str(directory)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outs.append(dict(line.split(" ", 1) for line in out.splitlines() if line))
+    return outs
+
+
+@pytest.mark.slow
+def test_a_multi_host_run_is_one_run_holding_the_lock_on_process_0(tmp_path):
+    first, second = run_two_processes(tmp_path)
+    assert first["HOLDER"] == second["HOLDER"] == first["PID"]  # process 0's lock
+    assert "DONE" in first and "DONE" in second
+    assert not (tmp_path / LOCK).exists()
+    # another run holds the directory: both processes are refused
+    ckpt = ciclo.checkpoint(tmp_path)
+    ckpt(ciclo.Elapsed.create(steps=6), {"w": np.zeros(4, np.float32)})
+    try:
+        for out in run_two_processes(tmp_path):
+            assert f"pid {os.getpid()} on host" in out["REFUSED"]
+            assert "DONE" not in out
+    finally:
+        ckpt.close()

@@ -22,6 +22,12 @@ deleted.
 A managed state (`ManagedState`, `FlaxState`) is saved in its single-device host
 layout and restored into the target's strategy, so a checkpoint saved under one
 strategy or device count restores under any other.
+
+Faults: a checkpoint that does not read back whole is never loaded (resume falls
+back past it with a warning, `restore` names it: `_orbax.restore_from`); a save
+that finds the disk full ends in one clear `OSError` (`_faults`); a directory is
+written by one run at a time (`_lock`: taken when a loop with the checkpoint starts
+or at a save by hand, released when the loop ends or at `close()`).
 """
 
 from __future__ import annotations
@@ -118,7 +124,9 @@ def restore(
             checkpoints were saved without `monitor`, the directory holds step
             folders ciclo did not write, or `target_state` does not have the
             structure or shapes of the saved state (the message names the
-            differing paths).
+            differing paths); if the checkpoint does not read back whole
+            (damaged or deleted files: nothing of it is loaded; the message names
+            the step and the fix, `step=` an older one or deleting it).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, ciclo
@@ -174,6 +182,9 @@ class checkpoint:
             factory `dataset(start_step)` is called with it, a plain iterable is
             advanced past the consumed batches (with a warning). With no complete
             checkpoint there (none, or only one killed mid-write), start fresh.
+            Newer checkpoints that do not read back whole (damaged files) are
+            skipped with a warning; if none reads back, a ValueError (never a
+            silent fresh start).
         items: save only these fields of the state (attribute names of a
             dataclass / Flax struct such as `"params"`, or keys of a dict), e.g.
             `items=["params", "batch_stats"]` to leave the optimizer state out.
@@ -196,6 +207,13 @@ class checkpoint:
             not a name or a list of names.
         ValueError: if `keep < 1` or `mode` is not "min"/"max"; at a save, if the
             monitored metric was not logged (the message lists what was).
+        RuntimeError: when a loop starts with it, or at a save by hand, if another
+            live run holds the directory (its lock file `ciclo.lock` names the
+            host, pid and start time; a dead run's lock is taken over with a
+            warning). The lock is released when the loop ends or at `close()`.
+        OSError: (errno ENOSPC) at a save, when the disk is full: one error
+            naming the directory, the step not saved and the previous checkpoint,
+            which is intact (the partial files are removed).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, ciclo
