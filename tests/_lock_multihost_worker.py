@@ -13,8 +13,8 @@ import sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
 process_id, num_processes, port, directory = sys.argv[1:]
 jax.config.update("jax_cpu_collectives_implementation", "gloo")

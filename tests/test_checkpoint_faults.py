@@ -306,11 +306,12 @@ def run_two_processes(directory):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
     worker_py = os.path.join(HERE, "_lock_multihost_worker.py")
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     procs = [
         subprocess.Popen(
             [sys.executable, worker_py, str(i), "2", str(port), str(directory)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            **pipes,
+        )
         for i in range(2)
     ]
     outs = []
