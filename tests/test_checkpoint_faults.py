@@ -16,6 +16,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -79,7 +80,18 @@ def delete_state(step_dir):
     shutil.rmtree(os.path.join(step_dir, "state"))
 
 
-DAMAGES = [truncate_data, overwrite_data, truncate_manifest, delete_state]
+def flip_a_byte(step_dir):
+    """One byte changed in the middle of the largest data file (a chunk stored
+    uncompressed: only ciclo's checksums see it)."""
+    name = max(_data_files(step_dir), key=os.path.getsize)
+    with open(name, "r+b") as f:
+        f.seek(os.path.getsize(name) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+DAMAGES = [truncate_data, overwrite_data, truncate_manifest, delete_state, flip_a_byte]
 # orbax's tasks left behind by a failed read end as unraisable "Event loop is
 # closed"; ciclo drops them for the user (test_a_user_sees_one_warning), but pytest
 # swaps the unraisable hook at each test and would report them here
@@ -122,6 +134,27 @@ def test_restore_of_a_damaged_checkpoint_names_the_step_and_the_fix(tmp_path, da
     state, elapsed = ciclo.restore(tmp_path, worker.init_state(), step=6)
     assert elapsed.steps == 6
     assert_same_state(state, straight(stop=6)[0])
+
+
+def test_a_changed_byte_in_an_array_is_caught_by_the_checksums(tmp_path):
+    worker.train(tmp_path, 4000, callbacks=[ciclo.checkpoint(tmp_path, keep=3)], stop=6)
+    flip_a_byte(str(tmp_path / "6"))
+    with pytest.raises(ValueError, match=r"step 6 .*'w' differ from those saved"):
+        ciclo.restore(tmp_path, worker.init_state(4000))
+    with pytest.warns(UserWarning, match=r"resuming from step 3 .*checksum"):
+        state, _, _ = worker.train(tmp_path, 4000)
+    assert_same_state(state, straight(n=4000)[0])
+
+
+def test_a_checkpoint_restores_into_another_dtype(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, async_save=False)
+    ckpt(ciclo.Elapsed.create(steps=0), {"w": jnp.linspace(0, 1, 8)})
+    ckpt.close()
+    state, _ = ciclo.restore(tmp_path, {"w": jnp.zeros(8, jnp.bfloat16)})
+    assert state["w"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(
+        state["w"], jnp.linspace(0, 1, 8).astype(jnp.bfloat16)
+    )
 
 
 @leftovers

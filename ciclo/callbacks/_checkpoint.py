@@ -23,8 +23,10 @@ A managed state (`ManagedState`, `FlaxState`) is saved in its single-device host
 layout and restored into the target's strategy, so a checkpoint saved under one
 strategy or device count restores under any other.
 
-Faults: a checkpoint that does not read back whole is never loaded (resume falls
-back past it with a warning, `restore` names it: `_orbax.restore_from`); a save
+Faults: a checkpoint that does not read back whole (a damaged file, or array bytes
+that differ from the checksums saved beside them: `_integrity`) is never loaded
+(resume falls back past it with a warning, `restore` names it:
+`_orbax.restore_from`); a save
 that finds the disk full ends in one clear `OSError` (`_faults`); a directory is
 written by one run at a time (`_lock`: taken when a loop with the checkpoint starts
 or at a save by hand, released when the loop ends or at `close()`).
@@ -48,7 +50,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from ciclo._history import History
 from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed, batch_size
-from ciclo.callbacks import _faults, _lock, _orbax
+from ciclo.callbacks import _faults, _integrity, _lock, _orbax
 from ciclo.callbacks._monitor import Monitor
 
 __all__ = ["checkpoint", "restore"]
@@ -509,6 +511,9 @@ class checkpoint:
         saved = _orbax.elapsed_json(elapsed, wrapped)
         if self.items is not None:
             saved["items"] = list(self.items)
+        sums = _integrity.checksums([state] if wrapped else state)
+        if sums is not None:  # checked when read back: damaged bytes never load
+            saved["checksums"] = sums
         if data is not None:
             saved["data"] = data_state_to_json(data)
         items = {

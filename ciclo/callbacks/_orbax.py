@@ -47,7 +47,7 @@ from etils import epath
 from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._time import Elapsed
-from ciclo.callbacks import _faults
+from ciclo.callbacks import _faults, _integrity
 
 __all__ = [
     "ITEMS",
@@ -443,6 +443,16 @@ def _read(
         if host is not None:  # a difference the metadata did not show first
             _check_fits(mngr, step, target_state, select(host, saved_items), wrapped)
         raise Unreadable(step, folder, error) from None
+    damaged = _integrity.differs(state, e.get("checksums"))
+    if damaged is not None:
+        raise Unreadable(
+            step,
+            folder,
+            ValueError(
+                f"the bytes read back for {damaged!r} differ from those saved "
+                f"(checksum): its data files were changed"
+            ),
+        )
     state = state[0] if wrapped else state
     if saved_items is not None and host is not None:  # the rest is the target's
         state = put(host, state)
