@@ -4,7 +4,7 @@ The model (`init_state`, `train_step`, `batches`) is shared with the tests. Mode
 
 - `train DIR N [KEEP]`: `train_loop(..., resume=DIR)`, a checkpoint every 3 steps
   (keeping KEEP, default 1), 12 steps, with an `N`-float parameter vector
-  (incompressible: random).
+  (incompressible: random), and a JSON-lines log `DIR.jsonl`.
 - `nospace DIR N`: the same, with a full disk from the checkpoint of step 6 on,
   injected at the file-call level: every write of a file under
   `6.orbax-checkpoint-tmp` (and later steps) fails with `OSError(ENOSPC)`.
@@ -77,7 +77,8 @@ def main() -> None:
         if mode == "nospace":
             _full_disk_from(6)
         ckpt = ciclo.checkpoint(directory, keep=keep)
-        _, _, elapsed = train(directory, n, callbacks=[ckpt])
+        log = ciclo.jsonl_logger(f"{directory}.jsonl")
+        _, _, elapsed = train(directory, n, callbacks=[ckpt, log])
         print("DONE", elapsed.steps)
         return
     ckpt = ciclo.checkpoint(directory, async_save=False)

@@ -225,12 +225,27 @@ def test_a_full_disk_is_one_clear_error_and_the_previous_checkpoint_is_intact(
 ):
     # a fault injected at the file-call level: every write into the checkpoint
     # of step 6 fails with ENOSPC (runs anywhere, no root needed)
-    proc = run_worker("nospace", tmp_path, 64)
-    assert_one_clear_disk_full_error(proc, tmp_path, 64)
+    directory, log = tmp_path / "ckpts", tmp_path / "ckpts.jsonl"
+    proc = run_worker("nospace", directory, 64)
+    assert_one_clear_disk_full_error(proc, directory, 64)
+    # the log holds the steps trained before the error, each once
+    assert [row["steps"] for row in read_jsonl(log)] == list(range(8))
     # once there is space, the run resumes from step 3 and ends as if uninterrupted
-    state, _, elapsed = worker.train(tmp_path)
+    state, history, elapsed = worker.train(
+        directory, callbacks=[ciclo.jsonl_logger(str(log))]
+    )
     assert elapsed.steps == worker.STEPS
     assert_same_state(state, straight()[0])
+    rows = read_jsonl(log)
+    assert [row["steps"] for row in rows] == list(range(worker.STEPS))
+    assert [row["loss"] for row in rows] == [
+        float(v) for v in straight()[1].collect("loss")
+    ]
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
 
 
 @contextlib.contextmanager

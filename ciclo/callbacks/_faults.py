@@ -53,10 +53,10 @@ def disk_full(directory: epath.Path, step: int, error: BaseException) -> OSError
     )
     older = [s for s in steps if s < step]
     if older:
+        others = f", as are the others there (steps {steps})" if len(steps) > 1 else ""
         kept = (
-            f"the previous checkpoint (step {older[-1]}) is intact, as is every "
-            f"checkpoint there (steps {steps}); resume from it with "
-            f"train_loop(..., resume=...) once there is space"
+            f"the previous checkpoint (step {older[-1]}) is intact{others}; resume "
+            f"from it (train_loop(..., resume=...)) once there is space"
         )
     else:
         kept = "there is no earlier checkpoint there"
@@ -67,7 +67,6 @@ def disk_full(directory: epath.Path, step: int, error: BaseException) -> OSError
         f"checkpoint of step {step} could not be saved ({partial}); {kept}. Free "
         f"some space, keep fewer checkpoints (keep=) or save to another directory. "
         f"(Underlying error: {_short(error)})",
-        str(directory),
     )
 
 
