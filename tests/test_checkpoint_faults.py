@@ -288,6 +288,8 @@ def holding(directory):
 @pytest.mark.slow
 def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path):
     with holding(tmp_path) as holder:
+        in_flight = tmp_path / "9.orbax-checkpoint-tmp"  # as a save being written
+        in_flight.mkdir()
         try:
             who = rf"pid {holder.pid} on host {socket.gethostname()!r} \(since 20"
             with pytest.raises(RuntimeError, match=rf"{tmp_path} is in use .*{who}"):
@@ -299,12 +301,14 @@ def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path):
             # reading needs no lock
             _, elapsed = ciclo.restore(tmp_path, worker.init_state())
             assert elapsed.steps == 3
-        finally:
+            assert in_flight.exists()  # neither the refused run nor the reader
+        finally:  # removed the holder's save in flight
             holder.stdin.close()
             assert holder.wait(timeout=60) == 0, holder.stderr.read()
     assert not (tmp_path / LOCK).exists()  # released by its holder at the end
     _, _, elapsed = worker.train(tmp_path)  # now free
     assert elapsed.steps == worker.STEPS
+    assert not in_flight.exists()  # a killed save's leftovers: the holder's to remove
 
 
 @pytest.mark.slow

@@ -413,14 +413,12 @@ class checkpoint:
         position of a checkpointable data iterator, when there is one), or None
         (start fresh) when the directory holds none."""
         if not self._resume_pending:
-            if self.directory.exists():
-                self._open()  # a directory that is not ciclo's: refused first
             self._lock()  # a loop is about to write here: one run per directory
             return None
         self._resume_pending = False
         try:
-            manager = self._open()
             self._lock()
+            manager = self._open()
             steps = manager.all_steps()
             if not steps:
                 return None
@@ -481,8 +479,12 @@ class checkpoint:
                     f"directory is the one that resumes), or give each its own "
                     f"directory."
                 )
-        manager = self._open()
         self._lock()
+        try:
+            manager = self._open()
+        except BaseException:  # e.g. a directory that is not ciclo's
+            self._unlock()
+            raise
         step = int(elapsed.steps)
         self._finish(manager)  # the previous save: written, or a clear error
         stale = [s for s in manager.all_steps() if s >= step]
@@ -559,9 +561,12 @@ class checkpoint:
         raise clear from None
 
     def _lock(self) -> None:
-        if not self._locked and "://" not in str(self.directory):
-            _lock.acquire(self.directory)
-            self._locked = True
+        """Takes the directory's lock (one run writes it), then removes what
+        saves killed mid-write left there."""
+        if self._locked or "://" in str(self.directory):  # URLs: orbax cleans up
+            return
+        _lock.acquire(self.directory, then=_orbax.remove_partial_saves)
+        self._locked = True
 
     def _unlock(self) -> None:
         if self._locked:

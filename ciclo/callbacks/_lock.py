@@ -41,9 +41,10 @@ _HELD: dict[str, list[Any]] = {}
 _GUARD = threading.Lock()
 
 
-def acquire(directory: epath.Path) -> None:
+def acquire(directory: epath.Path, then: Any = None) -> None:
     """Takes the lock of `directory` for this run (a no-op if this process holds
-    it already: the hold is counted).
+    it already: the hold is counted), then calls `then(directory)` (on process 0
+    only, before the others go on).
 
     Raises:
         RuntimeError: another live run holds it (the message names it).
@@ -56,7 +57,8 @@ def acquire(directory: epath.Path) -> None:
         refused = ""
         if jax.process_index() == 0:
             try:
-                _acquire(directory)
+                if _acquire(directory) and then is not None:
+                    then(directory)
             except RuntimeError as error:
                 refused = str(error)
         code = multihost_utils.broadcast_one_to_all(
@@ -66,7 +68,8 @@ def acquire(directory: epath.Path) -> None:
         if refused:
             raise RuntimeError(refused)
         return
-    _acquire(directory)
+    if _acquire(directory) and then is not None:
+        then(directory)
 
 
 def release(directory: epath.Path) -> None:
@@ -97,13 +100,14 @@ def _encode(text: str) -> Any:
     return data
 
 
-def _acquire(directory: epath.Path) -> None:
+def _acquire(directory: epath.Path) -> bool:
+    """Takes the lock; True if this process did not hold it already."""
     lock = directory / NAME
     key = str(lock)
     with _GUARD:
         if key in _HELD:
             _HELD[key][1] += 1
-            return
+            return False
         mine = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -117,7 +121,7 @@ def _acquire(directory: epath.Path) -> None:
                 threading.Thread(
                     target=_heartbeat, args=(lock, mine, stop), daemon=True
                 ).start()
-                return
+                return True
             holder = _read(lock)
             if holder is None:  # removed meanwhile, being written, or damaged
                 time.sleep(0.2)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import array
 import base64
+import contextlib
 import dataclasses
 import math
 import os
@@ -121,7 +122,9 @@ def path(directory: Any) -> epath.Path:
     for folder in (result, *result.parents):  # a file where a folder must be
         if folder.exists():
             if not folder.is_dir():
-                where = "is" if folder == result else f"is inside {str(folder)!r}, which is"
+                where = (
+                    "is" if folder == result else f"is inside {str(folder)!r}, which is"
+                )
                 raise ValueError(
                     f"The checkpoint directory {os.fspath(directory)!r} {where} an "
                     f"existing file, not a directory. Pass a directory path (created "
@@ -132,14 +135,33 @@ def path(directory: Any) -> epath.Path:
 
 
 def manager(directory: epath.Path, **options: Any) -> ocp.CheckpointManager:
-    """A `CheckpointManager` of the `state` + `elapsed` layout."""
-    options.setdefault("cleanup_tmp_directories", not options.get("read_only"))
+    """A `CheckpointManager` of the `state` + `elapsed` layout.
+
+    Orbax's removal of a killed save's temporary folders is left to the holder of
+    the directory's lock (`remove_partial_saves`), so that opening a directory
+    never removes the save in flight of another run; on URLs (no lock) orbax
+    removes them."""
+    url = "://" in str(directory)
+    options.setdefault("cleanup_tmp_directories", url and not options.get("read_only"))
     _faults.quiet_orbax_logs()  # a failure is said once, by ciclo
     return ocp.CheckpointManager(
         directory,
         item_names=ITEMS,
         options=ocp.CheckpointManagerOptions(**options),
     )
+
+
+def remove_partial_saves(directory: epath.Path) -> None:
+    """Removes the temporary folders that saves killed mid-write left in
+    `directory` (called by the holder of its lock)."""
+    try:
+        children = list(directory.iterdir())
+    except OSError:
+        return
+    for child in children:
+        if ".orbax-checkpoint-tmp" in child.name and child.is_dir():
+            with contextlib.suppress(OSError):
+                child.rmtree()
 
 
 def _listing(folder: epath.Path, limit: int = 5) -> str:
