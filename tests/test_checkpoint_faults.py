@@ -146,6 +146,22 @@ def test_a_changed_byte_in_an_array_is_caught_by_the_checksums(tmp_path):
     assert_same_state(state, straight(n=4000)[0])
 
 
+@pytest.mark.parametrize(
+    "dtype", ["bool", "int8", "uint16", "bfloat16", "float16", "int32", "float32"]
+)
+def test_the_checksums_are_the_same_on_the_host_and_on_a_device(dtype):
+    from ciclo.callbacks import _integrity
+
+    bits = np.random.default_rng(0).integers(0, 2**32, size=(3, 37), dtype=np.uint32)
+    x = jax.lax.bitcast_convert_type(jnp.asarray(bits), jnp.uint8).reshape(3, -1)
+    x = x.astype(jnp.bool_) if dtype == "bool" else x
+    if dtype != "bool":
+        size = jnp.dtype(dtype).itemsize
+        x = jax.lax.bitcast_convert_type(x.reshape(3, -1, size), jnp.dtype(dtype))
+    on_device = np.asarray(_integrity._sums([x]))[0]
+    assert _integrity._host_sums(np.asarray(x)) == tuple(int(v) for v in on_device)
+
+
 def test_a_checkpoint_restores_into_another_dtype(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path, async_save=False)
     ckpt(ciclo.Elapsed.create(steps=0), {"w": jnp.linspace(0, 1, 8)})

@@ -7,9 +7,10 @@ two 32-bit sums of every array's bits (`s1 = Σ v_i`, `s2 = Σ (2i + 1)·v_i` mo
 2^32 over the array's bits as 32-bit words, or 16- or 8-bit ones widened): any
 changed word changes both, and bytes changed at random match with a chance of
 about 2^-64. They are computed on the device, in one jitted call over the state
-(the arrays are not copied to the host for it), and checked when the checkpoint
-is read back; a difference makes it unreadable (`Unreadable`), like a damaged
-file. Arrays whose dtype has no plain bit layout (complex, 4-bit) are left out, and
+(the arrays are not copied to the host for it; arrays in host or CPU memory are
+summed with numpy, the same sums without a compilation), and checked when the
+checkpoint is read back; a difference makes it unreadable (`Unreadable`), like a
+damaged file. Arrays whose dtype has no plain bit layout (complex, 4-bit) are left out, and
 a state whose arrays cannot go into one call (committed to different devices) is
 saved without checksums; checkpoints written without them are read as before.
 """
@@ -95,19 +96,48 @@ def _sums(arrays: list[jax.Array]) -> jax.Array:
     return jnp.stack(out)
 
 
+def _on_host(x: Any) -> bool:
+    """Summed with numpy (no compilation): host arrays and arrays in CPU memory."""
+    if not isinstance(x, jax.Array):
+        return True
+    return x.is_fully_addressable and all(d.platform == "cpu" for d in x.devices())
+
+
+def _host_sums(x: Any) -> tuple[int, int]:
+    """`_sums` of one array, with numpy (64-bit sums wrap: equal modulo 2^32)."""
+    flat = np.asarray(x).reshape(-1)
+    if flat.dtype == np.bool_:
+        flat = flat.astype(np.uint8)
+    words = flat.view({1: np.uint8, 2: np.uint16}.get(flat.dtype.itemsize, np.uint32))
+    words = words.astype(np.uint64)
+    odd = 2 * np.arange(words.size, dtype=np.uint64) + 1
+    with np.errstate(over="ignore"):
+        first = words.sum(dtype=np.uint64)
+        second = (words * odd).sum(dtype=np.uint64)
+    return int(first) & 0xFFFFFFFF, int(second) & 0xFFFFFFFF
+
+
 def checksums(state: Any) -> dict[str, list[Any]] | None:
     """`{path: [dtype, shape, sums]}` of the arrays of `state`, or None (none, or
-    they cannot be summed in one call)."""
+    they cannot be summed)."""
     arrays = _arrays(state)
-    if not arrays:
-        return None
-    try:
-        sums = np.asarray(jax.device_get(_sums(list(arrays.values()))))
-    except Exception:  # e.g. arrays committed to different devices: no checksums
+    sums: dict[str, Any] = {}
+    device = {p: x for p, x in arrays.items() if not _on_host(x)}
+    if device:
+        try:
+            values = np.asarray(jax.device_get(_sums(list(device.values()))))
+            sums.update(zip(device, values, strict=True))
+        except Exception:  # e.g. committed to different devices: not summed
+            pass
+    for path, x in arrays.items():
+        if path not in device:
+            sums[path] = _host_sums(x)
+    if not sums:
         return None
     return {
         path: [str(x.dtype), list(x.shape), f"{int(s[0]):08x}{int(s[1]):08x}"]
-        for (path, x), s in zip(arrays.items(), sums, strict=True)
+        for path, x in arrays.items()
+        if (s := sums.get(path)) is not None
     }
 
 
