@@ -221,7 +221,9 @@ def train_loop(
         resume: a checkpoint directory: shorthand for adding
             `ciclo.checkpoint(resume, resume=True)` to `callbacks` (saves at each
             epoch end; starts from its latest complete checkpoint, if any, with the
-            state, history, elapsed and data position restored).
+            state, history, elapsed and data position restored; newer ones that
+            do not read back whole are skipped with a warning, and none reading
+            back is an error; the directory is locked against a second run).
         steps_per_call: run this many train steps per compiled call (see
             `ciclo.fuse`); default: what the train step declares, else 1.
 
