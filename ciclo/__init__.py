@@ -56,6 +56,13 @@ from ciclo._schedules.named import on_train_batch_end as on_train_batch_end
 from ciclo._schedules.named import on_train_begin as on_train_begin
 from ciclo._schedules.named import on_train_end as on_train_end
 from ciclo._schedules.named import on_train_step as on_train_step
+from ciclo._schedules.named import (
+    on_validation_batch_begin as on_validation_batch_begin,
+)
+from ciclo._schedules.named import on_validation_batch_end as on_validation_batch_end
+from ciclo._schedules.named import on_validation_begin as on_validation_begin
+from ciclo._schedules.named import on_validation_end as on_validation_end
+from ciclo._schedules.named import on_validation_step as on_validation_step
 from ciclo._iterate import iterate as iterate
 from ciclo._loops.predefined import predict_loop as predict_loop
 from ciclo._loops.predefined import test_loop as test_loop
@@ -83,6 +90,7 @@ _LAZY = {
     "Strategy": ("ciclo._strategies", "Strategy", "flax"),
     "register_strategy": ("ciclo._strategies", "register_strategy", "flax"),
     "get_strategy": ("ciclo._strategies", "get_strategy", "flax"),
+    "sharded": ("ciclo._strategies", "sharded", "flax"),
     "create_flax_state": ("ciclo._flax", "create_flax_state", "flax"),
     "FlaxState": ("ciclo._flax", "FlaxState", "flax"),
 }
@@ -163,11 +171,17 @@ __all__ = [
     "on_train_begin",
     "on_train_end",
     "on_train_step",
+    "on_validation_batch_begin",
+    "on_validation_batch_end",
+    "on_validation_begin",
+    "on_validation_end",
+    "on_validation_step",
     "piecewise",
     "predict_loop",
     "profiler",
     "register_strategy",
     "restore",
+    "sharded",
     "tensorboard",
     "test_loop",
     "tqdm_bar",

@@ -13,6 +13,7 @@ callbacks through this module.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -63,7 +64,13 @@ def describe(obj: Any) -> str:
     return name if name else f"{type(obj).__name__} object"
 
 
-_HOOKS = ("__loop_callback__", "__loop_end__", "__loop_resume__", "default_schedule")
+_HOOKS = (
+    "__loop_callback__",
+    "__loop_end__",
+    "__loop_resume__",
+    "__loop_start__",
+    "default_schedule",
+)
 
 
 def uncalled(callback: Any) -> str | None:
@@ -168,18 +175,36 @@ def arity(f: Callable[..., Any], where: str, most: int = len(ARGUMENTS)) -> int:
 
 
 def inject(f: Callable[..., Any], *args: Any) -> Any:
-    """Calls `f` with the first N of `args`, N being the positional parameters it
-    declares (as the loop calls callbacks).
+    """Calls `f` with the first N of the arguments, N being the positional
+    parameters it accepts (those with defaults counted; bound methods and callable
+    objects without `self`; all of them for `*args`), as the loop calls callbacks.
+
+    As in Ciclo 0.1, `inject(f)` returns that caller: `inject(f)(*args)`; given
+    arguments, `inject(f, *args)` calls at once.
 
     Raises:
-        TypeError: if `f` requires more arguments than given or has no signature.
+        TypeError: when called, if `f` requires more arguments than it is given,
+            or has no readable signature.
 
     Example:
         >>> import ciclo
-        >>> ciclo.inject(lambda state, batch: state + batch, 1, 2, "unused")
+        >>> ciclo.inject(lambda state, batch: state + batch)(1, 2, "unused")
+        3
+        >>> ciclo.inject(lambda state, batch=10: state + batch, 1, 2, "unused")
         3
     """
-    return f(*args[: arity(f, "ciclo.inject", len(args))])
+    if not callable(f):
+        raise TypeError(
+            f"ciclo.inject: `f` must be callable, got {short(f)} ({type(f).__name__})."
+        )
+    if args:
+        return f(*args[: arity(f, "ciclo.inject", len(args))])
+
+    @functools.wraps(f)
+    def injected(*args: Any) -> Any:
+        return f(*args[: arity(f, "ciclo.inject", len(args))])
+
+    return injected
 
 
 def split_output(output: Any, callback: Any) -> tuple[Logs | None, Any]:

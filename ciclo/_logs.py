@@ -16,6 +16,19 @@ METRICS = "metrics"
 STATEFUL_METRICS = "stateful_metrics"
 OUTPUTS = "outputs"
 
+# The aggregation modes a step can declare for an entry it logs (those of
+# `ciclo.inner_loop` and `train_loop(epoch_logs=...)`).
+MODES = ("last", "first", "mean", "weighted_mean", "sum", "min", "max", "std", "concat")
+
+
+def _check_mode(mode: Any, collection: str, name: str) -> None:
+    if mode not in MODES:
+        raise ValueError(
+            f"Logs: `aggregation` of {collection}.{name} must be one of {list(MODES)} "
+            f"(how train_loop(epoch_logs=...) aggregates the entry over an epoch), "
+            f"got {mode!r}."
+        )
+
 
 class Entries(dict):
     """One collection of a `Logs`: `name -> value`, with attribute access."""
@@ -37,13 +50,23 @@ class Logs(dict):
     Collections are any names; `losses`, `metrics`, `stateful_metrics` and
     `outputs` have helper methods. A `Logs` can be returned from `jax.jit`.
 
+    `add_entry`, `add_metric`, `add_loss` and `add_stateful_metric` take an
+    optional `aggregation=` (one of `MODES`: `"mean"`, `"max"`, ...): the entry's
+    default way of being aggregated over an epoch by
+    `train_loop(epoch_logs=...)`; `aggregations` reads them. The declarations
+    are static data of the pytree (they survive `jax.jit`) and follow `merge`.
+
     Example:
         >>> import ciclo
         >>> logs = ciclo.logs()
         >>> logs = logs.add_loss("loss", 0.5).add_metric("accuracy", 0.9)
         >>> logs.losses.loss, logs.entry_value("metrics.accuracy")
         (0.5, 0.9)
+        >>> logs.add_metric("best", 0.9, aggregation="max").aggregations
+        {('metrics', 'best'): 'max'}
     """
+
+    _aggregations: dict[tuple[str, str], str] | None = None  # declared modes
 
     def __init__(self, collections: Mapping[str, Mapping[str, Any]] | None = None):
         # dict.__new__ made the empty dict: no dict.__init__ call (the hot path)
@@ -65,13 +88,27 @@ class Logs(dict):
             ) from None
 
     # -- adding -------------------------------------------------------------------
-    def add_entry(self, collection: str, name: str, value: Any) -> Logs:
-        """Sets `self[collection][name] = value`; returns this `Logs` (calls chain)."""
+    def add_entry(
+        self, collection: str, name: str, value: Any, *, aggregation: str | None = None
+    ) -> Logs:
+        """Sets `self[collection][name] = value`; returns this `Logs` (calls chain).
+        `aggregation`: the entry's declared mode (see the class docstring)."""
         entries = self.get(collection)
         if entries is None:
             entries = self[collection] = Entries()
         entries[name] = value
+        if aggregation is not None:
+            self._declare(collection, name, aggregation)
         return self
+
+    @property
+    def aggregations(self) -> dict[tuple[str, str], str]:
+        """The declared modes: `(collection, name) -> mode` (a copy)."""
+        return dict(self._aggregations or {})
+
+    def _declare(self, collection: str, name: str, mode: str) -> None:
+        _check_mode(mode, collection, name)
+        self._aggregations = {**(self._aggregations or {}), (collection, name): mode}
 
     def add_entries(
         self, collection: str, values: Mapping[str, Any] | None = None, /, **kwargs
@@ -81,26 +118,41 @@ class Logs(dict):
             self.add_entry(collection, name, value)
         return self
 
-    def add_metric(self, name: str, value: Any) -> Logs:
-        """Adds `value` to the `metrics` collection."""
+    def add_metric(
+        self, name: str, value: Any, *, aggregation: str | None = None
+    ) -> Logs:
+        """Adds `value` to the `metrics` collection (`aggregation`: its declared
+        mode)."""
         entries = self.get(METRICS)  # add_entry, inlined: called every step
         if entries is None:
             entries = self[METRICS] = Entries()
         entries[name] = value
+        if aggregation is not None:
+            self._declare(METRICS, name, aggregation)
         return self
 
     def add_metrics(self, values: Mapping[str, Any] | None = None, /, **kwargs) -> Logs:
         """Adds several entries to the `metrics` collection."""
         return self.add_entries(METRICS, values, **kwargs)
 
-    def add_loss(self, name: str, value: Any, *, add_metric: bool = False) -> Logs:
-        """Adds `value` to `losses` (and to `metrics` too with `add_metric=True`)."""
+    def add_loss(
+        self,
+        name: str,
+        value: Any,
+        *,
+        add_metric: bool = False,
+        aggregation: str | None = None,
+    ) -> Logs:
+        """Adds `value` to `losses` (and to `metrics` too with `add_metric=True`;
+        `aggregation`: its declared mode, in both)."""
         entries = self.get(LOSSES)  # add_entry, inlined: called every step
         if entries is None:
             entries = self[LOSSES] = Entries()
         entries[name] = value
+        if aggregation is not None:
+            self._declare(LOSSES, name, aggregation)
         if add_metric:
-            return self.add_entry(METRICS, name, value)
+            return self.add_entry(METRICS, name, value, aggregation=aggregation)
         return self
 
     def add_losses(
@@ -116,9 +168,12 @@ class Logs(dict):
             self.add_loss(name, value, add_metric=add_metrics)
         return self
 
-    def add_stateful_metric(self, name: str, value: Any) -> Logs:
-        """Adds `value` to the `stateful_metrics` collection."""
-        return self.add_entry(STATEFUL_METRICS, name, value)
+    def add_stateful_metric(
+        self, name: str, value: Any, *, aggregation: str | None = None
+    ) -> Logs:
+        """Adds `value` to the `stateful_metrics` collection (`aggregation`: its
+        declared mode)."""
+        return self.add_entry(STATEFUL_METRICS, name, value, aggregation=aggregation)
 
     def add_stateful_metrics(
         self, values: Mapping[str, Any] | None = None, /, **kwargs
@@ -143,6 +198,9 @@ class Logs(dict):
         """
         if other is None:
             return self
+        declared = getattr(other, "_aggregations", None)
+        if declared:
+            self._aggregations = {**(self._aggregations or {}), **declared}
         if type(other) is Logs:  # the hot path: a Logs built with add_*
             for collection, entries in other.items():
                 if type(entries) is not Entries:
@@ -278,7 +336,44 @@ def _unflatten(cls):
     return unflatten
 
 
-for _cls in (Entries, Logs):
-    jax.tree_util.register_pytree_with_keys(
-        _cls, _flatten_dict, _unflatten(_cls), _flatten_dict_fast
+class _Declared(tuple):
+    """A `Logs`'s static pytree data when it declares modes: `(keys, modes)`."""
+
+    __slots__ = ()
+
+
+def _flatten_logs(d: Logs):
+    children, keys = _flatten_dict(d)
+    declared = d._aggregations
+    return children, keys if not declared else _Declared(
+        (keys, tuple(declared.items()))
     )
+
+
+def _flatten_logs_fast(d: Logs):
+    children, keys = _flatten_dict_fast(d)
+    declared = d._aggregations
+    return children, keys if not declared else _Declared(
+        (keys, tuple(declared.items()))
+    )
+
+
+def _unflatten_logs():
+    plain = _unflatten(Logs)
+
+    def unflatten(aux, children):
+        if type(aux) is not _Declared:
+            return plain(aux, children)
+        out = plain(aux[0], children)
+        out._aggregations = dict(aux[1])
+        return out
+
+    return unflatten
+
+
+jax.tree_util.register_pytree_with_keys(
+    Entries, _flatten_dict, _unflatten(Entries), _flatten_dict_fast
+)
+jax.tree_util.register_pytree_with_keys(
+    Logs, _flatten_logs, _unflatten_logs(), _flatten_logs_fast
+)

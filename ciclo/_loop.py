@@ -30,7 +30,11 @@ from ciclo._resume import position, prepare
 from ciclo._schedules.base import fresh
 from ciclo._time import Elapsed, Period, Steps, as_period, batch_size, short
 
-__all__ = ["LoopState", "loop"]
+__all__ = ["EmptyDataWarning", "LoopState", "loop"]
+
+
+class EmptyDataWarning(UserWarning):
+    """A loop's dataset yielded no batch (the predefined loops say it their way)."""
 
 
 class LoopState:
@@ -436,6 +440,7 @@ def loop(
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
     ls._data = iterator
     run = _Run(ls, plan, start, stop_period, batch_size_fn)
+    interrupted = False
     try:
         run.batches(iterator)
     except KeyboardInterrupt as error:
@@ -443,6 +448,7 @@ def loop(
             ls.error = error
             _finish(end_hooks, ls)
             raise
+        interrupted = True
         run.interrupted()
     except Exception as error:
         where = getattr(run.running, "where", None)
@@ -471,6 +477,20 @@ def loop(
         raise
     finally:
         _finish(end_hooks, ls)
+    if (  # a fresh loop over no data (resuming past the end is not a mistake)
+        initial.steps == 0
+        and run.current.steps == 0
+        and not (interrupted or ls.stop_iteration or ls.stopping)
+        and not (stop_period is not None and stop_period.reached(initial))
+    ):
+        warnings.warn(
+            EmptyDataWarning(
+                "ciclo.loop: `dataset` yielded no batch, so no task ran on a batch. "
+                "Expected at least one: check that it is not an exhausted iterator "
+                "or generator, or an empty list."
+            ),
+            stacklevel=2,
+        )
     return ls.state, history, run.current
 
 

@@ -7,7 +7,9 @@ they are (`ciclo.checkpoint(directory, resume=True)` restores the latest complet
 checkpoint of its directory, once). The dataset is then positioned at the start
 step: a factory `dataset(start_step)` is called with it, and a plain iterable is
 advanced past the batches the restored state already consumed (with a warning:
-those batches are read and discarded).
+those batches are read and discarded). Last, objects with `__loop_start__(elapsed)`
+are told the elapsed the loop starts from (None: step 0), after any restore: the
+writers keep an earlier run's rows below it and replace those from it on.
 
 This module imports nothing heavy; the checkpoint callback brings orbax.
 """
@@ -97,26 +99,37 @@ def prepare(
         a plain iterable dataset the restored state already consumed (0 when no
         hook restored anything), `start.data` the saved iterator state, if any.
     """
-    seen: set[int] = set()
+    groups = [_as_list(group) for group in groups]
     start = Start()
+    for hook in _hooks(groups, "__loop_resume__"):
+        restored = hook(state, history, elapsed)
+        if restored is None:
+            continue
+        before = 0 if elapsed is None else int(elapsed.steps)
+        state, history, elapsed, *data = restored
+        start = Start(max(0, int(elapsed.steps) - before), *data)
+    for hook in _hooks(groups, "__loop_start__"):
+        hook(elapsed)
+    return state, history, elapsed, start
+
+
+def _hooks(groups: list[list[Any]], name: str) -> list[Any]:
+    """The hooks `name` of the callbacks (or bound methods' owners), once each."""
+    seen: set[int] = set()
+    hooks = []
     for group in groups:
-        for callback in _as_list(group):
+        for callback in group:
             owner = (
                 callback
-                if hasattr(callback, "__loop_resume__")
+                if hasattr(callback, name)
                 else getattr(callback, "__self__", None)
             )
-            hook = getattr(owner, "__loop_resume__", None)
+            hook = getattr(owner, name, None)
             if hook is None or id(owner) in seen:
                 continue
             seen.add(id(owner))
-            restored = hook(state, history, elapsed)
-            if restored is None:
-                continue
-            before = 0 if elapsed is None else int(elapsed.steps)
-            state, history, elapsed, *data = restored
-            start = Start(max(0, int(elapsed.steps) - before), *data)
-    return state, history, elapsed, start
+            hooks.append(hook)
+    return hooks
 
 
 def is_factory(dataset: Any) -> bool:

@@ -5,17 +5,38 @@ fused call's per-step values (`Row`s of a stacked array) are fetched once per ar
 and sliced on the host; anything else goes through `jax.device_get`. A transfer is
 started (`start`: the stacking is dispatched, not waited for) and read later
 (`Transfer.result`), once `Transfer.ready()` says it would not wait.
+
+Every transfer here is explicit, as `jax.device_get`'s are: a user's
+`jax.transfer_guard_device_to_host("disallow")` (which refuses implicit transfers,
+the hidden syncs it is meant to find) lets these deliberate, lagged fetches through;
+`"disallow_explicit"` refuses them too.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Row", "Transfer", "array_type", "fetch", "start", "to_host"]
+try:  # the scope `jax.device_get` marks its own transfers explicit with
+    from jax._src.config import explicit_device_get_scope as _explicit_scope
+except ImportError:  # pragma: no cover - a jax that moved it
+    _explicit_scope = None
+
+__all__ = ["Row", "Transfer", "array_type", "explicit", "fetch", "start", "to_host"]
+
+
+def explicit() -> contextlib.AbstractContextManager:
+    """A scope whose device-to-host transfers count as explicit, as those of
+    `jax.device_get` do: for ciclo's deliberate fetches that go through other calls
+    (`copy_to_host_async`, orbax's save). A jax without jax's scope: the fetch is
+    allowed outright."""
+    if _explicit_scope is not None:
+        return _explicit_scope()
+    return jax.transfer_guard_device_to_host("allow")  # pragma: no cover
 
 
 class Row:
@@ -121,9 +142,10 @@ class Transfer:
         for dtype, (values, _) in scalars.items():
             host[dtype] = _stack_scalars(values)
         host.update(stacked)
-        for value in host.values():
-            if isinstance(value, jax.Array):
-                value.copy_to_host_async()
+        with explicit():  # started as `jax.device_get` starts its copies
+            for value in host.values():
+                if isinstance(value, jax.Array):
+                    value.copy_to_host_async()
         self._host, self._others, self._plans = host, others, plans
         self._device = [
             v for v in (*host.values(), *others) if isinstance(v, jax.Array)

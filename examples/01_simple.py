@@ -1,4 +1,4 @@
-"""Digits classification with `ciclo.loop`: the README's first loop.
+"""Digits with `ciclo.loop` and a Flax model, as in the README's complete example.
 
 A jitted `train_step` every step, a checkpoint every `CHECKPOINT_EVERY` steps (and
 one at the end), TensorBoard logs and a Keras-style progress bar; the learning

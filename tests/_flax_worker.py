@@ -3,7 +3,7 @@ on 4 CPU devices.
 
 Run with XLA_FLAGS=--xla_force_host_platform_device_count=4. Prints one JSON line.
 
-Decision (see README.md, "Data parallelism and BatchNorm"): with dropout, each
+Decision (see docs/flax.md, "Data parallelism and BatchNorm"): with dropout, each
 device draws its own masks, so a data-parallel run cannot match the single-device
 run bit for bit. "Equal results" is therefore checked three ways:
 - without dropout (rate 0) and with BatchNorm reducing its batch statistics over the

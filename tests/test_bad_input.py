@@ -1,4 +1,4 @@
-"""Every bad input of API.md §3 and the README's "Bad input" list: one clear error
+"""Every bad input of API.md §3 and the "Bad input" list of docs/loop.md: one clear error
 naming the culprit and the fix, or the documented handling (a warning)."""
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ def _step(state, batch):
 
 
 def _subprocess(code: str, **env) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    # the checkout first, the caller's path kept (packages may come from there)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    environment = {**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
     environment.pop("XLA_FLAGS", None)
     environment.update(env)
     return subprocess.run(
@@ -71,7 +73,8 @@ def test_monitored_metric_that_never_appears():
 
 # -- datasets, stop, schedules, periods -------------------------------------------
 def test_empty_dataset_runs_nothing_and_train_loop_warns():
-    state, history, elapsed = ciclo.loop(0, [], {ALWAYS: _step})
+    with pytest.warns(UserWarning, match=r"ciclo.loop: `dataset` yielded no batch"):
+        state, history, elapsed = ciclo.loop(0, [], {ALWAYS: _step})
     assert (state, len(history), elapsed.steps) == (0, 0, 0)  # documented: ends
     with pytest.warns(UserWarning, match=r"`dataset` yielded no batch"):
         ciclo.train_loop(0, iter([]), {ciclo.on_train_step: _step},
@@ -302,6 +305,9 @@ def test_state_without_params_given_to_managed_train_step():
 def test_batch_not_divisible_across_devices():
     result = _subprocess(
         """
+        import sys, jax
+        if jax.device_count() != 4:  # the forced host devices did not take
+            sys.exit(f"SKIP: {jax.device_count()} devices, not 4")
         import jax.numpy as jnp, optax, ciclo
         from ciclo import managed
         @managed.train_step
@@ -312,7 +318,10 @@ def test_batch_not_divisible_across_devices():
         fit(state, jnp.ones(6))
         """,
         XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_NUM_CPU_DEVICES="4",
     )
+    if "SKIP:" in result.stderr:
+        pytest.skip(result.stderr.strip().splitlines()[-1])
     assert result.returncode != 0
     assert "does not split evenly across 4 devices" in result.stderr, result.stderr[
         -2000:

@@ -1,7 +1,10 @@
 """Progress bars: keras_bar (pkbar) and tqdm_bar."""
 
 import io
+import os
+import pathlib
 import re
+import subprocess
 import sys
 import time
 
@@ -9,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _gate import Gate
+from _guard import disallow_device_to_host
 
 import ciclo
 
@@ -18,18 +23,6 @@ def train_step(state, batch):
     logs = ciclo.logs()
     logs.add_loss("loss", 1.0 / (state + 1.0), add_metric=True)  # in both
     logs.add_metric("acc", state / 10.0)
-    return logs, state + 1.0
-
-
-@jax.jit
-def heavy_step(state, batch):
-    # tens of ms of device work per step: the device falls behind the host
-    def body(_, m):
-        return jnp.tanh(m @ m / m.shape[0])
-
-    m = jax.lax.fori_loop(0, 16, body, jnp.full((192, 192), state) + batch)
-    logs = ciclo.logs()
-    logs.add_loss("loss", m.mean())
     return logs, state + 1.0
 
 
@@ -266,31 +259,34 @@ def test_bars_in_test_and_predict_loops_but_not_in_a_nested_test_loop(monkeypatc
     assert "\r" not in text and "\b" not in text
 
 
-def test_bar_reads_values_lagged_without_syncing_each_step(monkeypatch):
+@pytest.mark.parametrize("make", [ciclo.keras_bar, ciclo.tqdm_bar])
+def test_bar_reads_values_lagged_without_syncing_each_step(make, monkeypatch):
+    # one step is held on the device (a host callback) until the loop is 8 steps
+    # further: a bar that waited for a step's loss would never get there (the gate
+    # gives up after its timeout and the test fails); holds on any backend
     tty = as_tty(monkeypatch)
-    heavy_step(jnp.float32(0), np.float32(0))  # compile outside the loop
-    seen_ready = []
+    steps = 24
+    with Gate(hold=2, ahead=8) as gate:
 
-    def spy(state, batch, elapsed, loop_state):
-        # runs right after the bar: had the bar synced on this step's loss, it
-        # would be ready here
-        seen_ready.append(loop_state.logs.losses.loss.is_ready())
+        @jax.jit
+        def gated_step(state, batch):
+            logs = ciclo.logs()
+            logs.add_loss("loss", (state + 1.0) / 100.0 + gate.value(batch))
+            return logs, state + 1.0
 
-    bar = ciclo.keras_bar(total=12, interval=0.0)
-    with jax.transfer_guard_device_to_host("disallow"):  # no implicit float(x)
-        ciclo.loop(
-            jnp.float32(0),
-            [np.float32(0)] * 12,
-            {ciclo.every(1): [heavy_step, bar, spy]},
-        )
-    assert not all(seen_ready), seen_ready
-    out = tty.take()
+        # redraws every step on a terminal (pkbar writes to sys.stdout)
+        file = {"file": tty} if make is ciclo.tqdm_bar else {}
+        bar = make(total=steps, interval=0.0, **file)
+        with disallow_device_to_host():  # no implicit float(x)
+            ciclo.loop(
+                jnp.float32(0),
+                [np.float32(i) for i in range(steps)],
+                {ciclo.every(1): [gate.delay, gated_step, bar, gate.tick]},
+            )
+    gate.check()
     # while running, pending values are simply not shown yet; the final line
     # (a single sync at the end) has the last step's loss
-    logs, _ = heavy_step(jnp.float32(11), np.float32(0))
-    final = float(logs.losses.loss)
-    shown = f"{final:.4f}" if abs(final) > 1e-3 else f"{final:.4e}"  # pkbar's format
-    assert f"loss: {shown}" in last_line(out)
+    assert "0.24" in last_line(tty.take()), "the final loss (24 / 100) is shown"
 
 
 def test_bar_arguments_are_validated():
@@ -484,3 +480,61 @@ def test_tqdm_bar_after_ctrl_c_shows_the_last_steps_values():
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("4/10 [")
     assert lines[0].endswith("loss=0.25, acc=0.3]") and bar.closed
+
+
+FAKE_PKG_RESOURCES = """
+import warnings
+
+warnings.warn(
+    "pkg_resources is deprecated as an API. See "
+    "https://setuptools.pypa.io/en/latest/pkg_resources.html.",
+    UserWarning,
+    stacklevel=2,
+)
+
+
+class DistributionNotFound(Exception):
+    pass
+
+
+def get_distribution(name):
+    raise DistributionNotFound(name)
+"""
+
+IMPORT_THE_KERAS_BAR = """
+import sys, warnings
+assert "pkg_resources" not in sys.modules
+import ciclo
+ciclo.keras_bar(total=2)  # imports pkbar, which imports pkg_resources
+assert sys.modules["pkg_resources"].__file__.startswith(sys.argv[1])  # the fake
+try:  # silenced only around pkbar's import: the same warning still errors here
+    warnings.warn("pkg_resources is deprecated as an API", UserWarning)
+except UserWarning:
+    print("still an error")
+"""
+
+
+def test_keras_bar_imports_without_pkg_resources_warning_under_w_error(tmp_path):
+    # setuptools >= 81 warns when pkg_resources is imported, as pkbar does; a fake
+    # pkg_resources that warns stands in for it, whatever setuptools is installed
+    (tmp_path / "pkg_resources.py").write_text(FAKE_PKG_RESOURCES)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(
+        filter(None, [str(tmp_path), str(root), os.environ.get("PYTHONPATH")])
+    )
+    env = {**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
+
+    def python(*args):
+        return subprocess.run(
+            [sys.executable, "-W", "error", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    control = python("-c", "import pkg_resources")  # the fake warns: an error
+    assert control.returncode != 0 and "pkg_resources is deprecated" in control.stderr
+    result = python("-c", IMPORT_THE_KERAS_BAR, str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "still an error"

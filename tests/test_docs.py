@@ -49,7 +49,7 @@ def test_the_public_surface_is_the_contract():
         "checkpoint", "restore", "early_stopping", "inner_loop", "noop", "callbacks",
         "tensorboard", "csv_logger", "jsonl_logger", "wandb_logger", "lr_monitor",
         "nan_guard", "profiler", "managed", "Strategy", "register_strategy",
-        "get_strategy", "create_flax_state", "FlaxState", "inject",
+        "get_strategy", "create_flax_state", "FlaxState", "inject", "sharded",
     }  # fmt: skip
     assert set(PUBLIC) >= expected, expected - set(PUBLIC)
     assert all(not n.startswith("_") for n in ciclo.__all__)

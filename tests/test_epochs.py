@@ -273,8 +273,10 @@ def test_epoch_logs_are_monitorable_and_exclude_test_entries():
     )  # fmt: skip
     assert history.collect("seen_epoch") == [2.0, 2.0]
     assert "acc_test_epoch" not in str(history.to_dict())
-    with pytest.raises(TypeError, match="`epoch_logs` must be True or False"):
+    with pytest.raises(ValueError, match="epoch_logs: unknown aggregation 'yes'"):
         ciclo.train_loop(0, [1], TASKS, epoch_logs="yes")
+    with pytest.raises(TypeError, match="epoch_logs"):
+        ciclo.train_loop(0, [1], TASKS, epoch_logs=3)
 
 
 def test_epochs_resume_skips_consumed_batches_across_passes(tmp_path):

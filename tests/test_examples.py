@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from _optional import skip_if_optional_missing
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("[0-9][0-9]_*.py")) + sorted(
@@ -32,6 +33,7 @@ def test_example_runs(path, tmp_path):
         text=True,
         timeout=300,
     )
+    skip_if_optional_missing(result.returncode, result.stderr)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     if path.stem == "01_simple":
         _check_01_simple_outputs(tmp_path, result.stdout, steps=30)
@@ -41,6 +43,8 @@ def _check_01_simple_outputs(directory, stdout, steps):
     """examples/01_simple.py writes, under CICLO_EXAMPLE_DIR, TensorBoard events
     (`01_simple_tb/`) and a learning-curve PNG (`01_simple_curve.png`), and prints
     where."""
+    pytest.importorskip("tensorboard", reason="reading events needs tensorboard")
+    pytest.importorskip("matplotlib", reason="needs ciclo[plot] (matplotlib)")
     from tensorboard.backend.event_processing.event_accumulator import (
         EventAccumulator,
     )
@@ -50,7 +54,8 @@ def _check_01_simple_outputs(directory, stdout, steps):
     events = EventAccumulator(str(tb))
     events.Reload()
     assert {"loss", "accuracy"} <= set(events.Tags()["scalars"])
-    assert [e.step for e in events.Scalars("loss")] == list(range(steps))
+    # at the completed steps, as Keras/clu/Jaxloop (the history counts from 0)
+    assert [e.step for e in events.Scalars("loss")] == list(range(1, steps + 1))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
 
@@ -60,10 +65,9 @@ def _check_01_simple_outputs(directory, stdout, steps):
     assert f"learning curve: {png}" in stdout
 
 
-def test_readme_loop_language_snippet_runs(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## The loop language", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_docs_loop_language_snippet_runs(tmp_path):
+    page = (ROOT / "docs" / "loop.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     result = subprocess.run(
         [sys.executable, "-c", code + "\nassert len(losses) == 200, len(losses)\n"],
         cwd=tmp_path,
@@ -72,14 +76,14 @@ def test_readme_loop_language_snippet_runs(tmp_path):
         text=True,
         timeout=120,
     )
+    skip_if_optional_missing(result.returncode, result.stderr)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "step 150:" in result.stdout
 
 
-def test_readme_observability_snippet_runs(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Observability", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_docs_observability_snippet_runs(tmp_path):
+    page = (ROOT / "docs" / "observability.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -87,5 +91,6 @@ def test_readme_observability_snippet_runs(tmp_path):
         text=True,
         timeout=120,
     )
+    skip_if_optional_missing(result.returncode, result.stderr)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "(100, 6)" in result.stdout

@@ -17,7 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _flax_common import (
+
+import ciclo
+
+pytest.importorskip(
+    "sklearn", reason="the digits data needs scikit-learn (ciclo[test])"
+)
+cm = pytest.importorskip("clu.metrics", reason="needs ciclo[flax] (clu)")
+from _flax_common import (  # noqa: E402  (after the skips: it imports sklearn)
     assert_flax_states_equal,
     checkpoint_round_trip,
     digits,
@@ -25,9 +32,6 @@ from _flax_common import (
     running_means,
     train_batches,
 )
-from clu import metrics as cm
-
-import ciclo
 
 XENT = optax.softmax_cross_entropy_with_integer_labels
 
@@ -259,7 +263,7 @@ def test_data_parallel_equals_jit_on_4_devices():
     Without dropout and with BatchNorm reduced over the device axis the params
     match to float tolerance; with dropout (different masks per device by design)
     both reach a comparable train accuracy. The same BatchNorm module without
-    `axis_name` under `sharded` matches `jit` too. See README.md, "Data parallelism
+    `axis_name` under `sharded` matches `jit` too. See docs/flax.md, "Data parallelism
     and BatchNorm".
     """
     # 4 CPU devices; optimisation level 0 makes XLA compile ~3x faster (the run is

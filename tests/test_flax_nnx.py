@@ -11,7 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _flax_common import (
+from flax import nnx
+
+import ciclo
+
+pytest.importorskip(
+    "sklearn", reason="the digits data needs scikit-learn (ciclo[test])"
+)
+cm = pytest.importorskip("clu.metrics", reason="needs ciclo[flax] (clu)")
+from _flax_common import (  # noqa: E402  (after the skips: it imports sklearn)
     assert_flax_states_equal,
     checkpoint_round_trip,
     digits,
@@ -19,10 +27,6 @@ from _flax_common import (
     running_means,
     train_batches,
 )
-from clu import metrics as cm
-from flax import nnx
-
-import ciclo
 
 XENT = optax.softmax_cross_entropy_with_integer_labels
 

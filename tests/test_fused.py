@@ -100,7 +100,8 @@ def test_explicit_steps_per_call_on_the_loop_and_validation():
 
 def _flax_state(**kwargs):
     import flax.linen as nn
-    from clu import metrics as clu_metrics
+
+    clu_metrics = pytest.importorskip("clu.metrics", reason="needs ciclo[flax] (clu)")
 
     return ciclo.create_flax_state(
         nn.Dense(4),

@@ -9,6 +9,7 @@ import tempfile
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -107,6 +108,7 @@ def _reference(tasks, sizes, stop):
     return calls, rows, state, steps, samples
 
 
+@pytest.mark.filterwarnings("ignore:ciclo.loop. `dataset` yielded no batch")
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(tasks=TASKS, sizes=DATASET, stop=st.one_of(st.none(), st.integers(0, 12)))
 def test_the_interpreter_matches_the_reference_model(tasks, sizes, stop):

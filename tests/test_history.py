@@ -1,9 +1,11 @@
+import threading
 import tracemalloc
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _gate import Gate
+from _guard import disallow_device_to_host
 
 import ciclo
 import ciclo._transfer as transfer
@@ -120,7 +122,7 @@ def test_a_value_logged_twice_is_transferred_once():
 def test_one_value_logged_in_several_columns_and_rows_comes_back_in_each():
     history = ciclo.history(lag=4)  # transfers started and read during the commits
     shared, other = jnp.float32(0.5), jnp.int32(7)
-    with jax.transfer_guard_device_to_host("disallow"):  # explicit transfers only
+    with disallow_device_to_host():  # explicit transfers only (enforced on CPU too)
         for step in range(11):
             logs = ciclo.logs().add_loss("loss", shared, add_metric=True)
             logs.add_metric("count", other if step % 2 else jnp.int32(step))
@@ -131,23 +133,26 @@ def test_one_value_logged_in_several_columns_and_rows_comes_back_in_each():
     assert all(type(c) is int for c in count)
 
 
-@jax.jit
-def _slow(x):
-    return jax.lax.fori_loop(0, 200, lambda _, m: jnp.tanh(m @ m / 256.0), x).mean()
-
-
 def test_values_not_yet_computed_are_not_waited_for():
-    _slow(jnp.ones((256, 256))).block_until_ready()  # compile
-    history = ciclo.history(lag=5)
-    slow = _slow(jnp.ones((256, 256)))  # ~100 ms of device work, dispatched async
-    _commit_steps(history, [_logs(metrics={"v": slow})])
-    _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(9)])
-    # two transfers started, neither waited for: the oldest row is still computing
-    assert not slow.is_ready() and len(history._in_flight) == 2
-    # far behind (4 * lag rows not on the host): a commit waits for the oldest lag
-    _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(10)])
-    assert slow.is_ready() and history._fetched >= 5
-    assert len(history.collect("v")) == 20
+    # `slow` is computed only once the gate lets it go (a host callback on the
+    # device's side), however fast the device is
+    with Gate(hold=0, ahead=None) as gate:
+        history = ciclo.history(lag=5)
+        slow = gate.pending(jnp.float32(0.5))
+        _commit_steps(history, [_logs(metrics={"v": slow})])
+        _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(9)])
+        # two transfers started, neither waited for: the oldest row is still held
+        assert not slow.is_ready() and len(history._in_flight) == 2
+        # far behind (4 * lag rows not on the host): a commit waits for the oldest
+        # lag rows, here until the gate lets `slow` go a moment later
+        released = []
+        threading.Timer(0.3, lambda: (released.append(True), gate.release())).start()
+        _commit_steps(
+            history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(10)]
+        )
+        assert released and history._fetched >= 5  # returned after the release
+    assert not gate.timed_out
+    assert history.collect("v") == [0.5, *range(9), *range(10)]
 
 
 def test_memory_per_logged_step_is_small():

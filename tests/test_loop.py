@@ -346,13 +346,14 @@ def test_bad_history_elapsed_and_arity_fail_before_running():
 
 def test_on_start_runs_once_even_without_batches_and_can_stop():
     events = []
-    ciclo.loop(
-        0,
-        [],
-        {ALWAYS: lambda: events.append("task")},
-        on_start=lambda: events.append("start"),
-        on_end=lambda: events.append("end"),
-    )
+    with pytest.warns(UserWarning, match="yielded no batch"):
+        ciclo.loop(
+            0,
+            [],
+            {ALWAYS: lambda: events.append("task")},
+            on_start=lambda: events.append("start"),
+            on_end=lambda: events.append("end"),
+        )
     assert events == ["start", "end"]
 
     def stop_at_start(state, batch, elapsed, loop_state):

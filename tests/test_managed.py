@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from clu import metrics as clu_metrics
 
 import ciclo
 from ciclo import managed
@@ -154,6 +153,8 @@ def test_managed_step_as_a_state_method():
 
 
 def test_stateful_metrics_come_back_computed():
+    clu_metrics = pytest.importorskip("clu.metrics", reason="needs ciclo[flax] (clu)")
+
     @managed.step
     def evaluate(state, batch):
         logs = ciclo.logs()

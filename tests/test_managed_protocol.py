@@ -10,10 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from clu import metrics as cm
 
 import ciclo
 from ciclo import managed
+
+cm = pytest.importorskip("clu.metrics", reason="needs ciclo[flax] (clu)")
 
 
 def scalar_state(strategy="jit", value=0.0, cls=managed.ManagedState, **fields):

@@ -11,9 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from sklearn.datasets import load_digits
 
 import ciclo
+
+load_digits = pytest.importorskip(
+    "sklearn.datasets", reason="the digits data needs scikit-learn (ciclo[test])"
+).load_digits
 
 # -- the user's model and data (what the README leaves as `...`) ---------------------
 _digits = load_digits()
@@ -248,7 +251,8 @@ def image_batches(n, offset=0):
 
 def framework_state():
     import flax.linen as nn
-    from clu import metrics
+
+    metrics = pytest.importorskip("clu.metrics", reason="needs ciclo[flax] (clu)")
 
     Accuracy = metrics.Accuracy
     AverageLoss = metrics.Average.from_output("loss")

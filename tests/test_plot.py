@@ -30,6 +30,7 @@ def make_history():
 
 
 def test_plot_puts_train_and_test_on_one_axis_and_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="needs ciclo[plot] (matplotlib)")
     history = make_history()
     path = tmp_path / "curves.png"
     figure = history.plot("losses.loss", "acc", path=path)

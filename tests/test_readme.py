@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import pytest
+from _optional import skip_if_optional_missing
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -116,4 +117,5 @@ def test_readme_section_runs(title, blocks, tmp_path):
         text=True,
         timeout=300,
     )
+    skip_if_optional_missing(result.returncode, result.stderr)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]

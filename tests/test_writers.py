@@ -20,6 +20,15 @@ import pytest
 import ciclo
 
 
+def need_tensorboard() -> None:
+    """Skips unless the TensorBoard writer (tensorboardX) and the event reader
+    (tensorboard) are installed (ciclo[test] installs both)."""
+    pytest.importorskip(
+        "tensorboardX", reason="needs ciclo[tensorboard] (tensorboardX)"
+    )
+    pytest.importorskip("tensorboard", reason="reading events needs tensorboard")
+
+
 @jax.jit
 def train_step(state, batch):
     loss = 1.0 / (state + 1.0)
@@ -83,6 +92,7 @@ def test_csv_and_jsonl_rows_equal_history(tmp_path):
 
 
 def test_tensorboard_event_file_holds_tags_steps_and_last_values(tmp_path):
+    need_tensorboard()
     from tensorboard.backend.event_processing.event_accumulator import (
         EventAccumulator,
     )
@@ -94,9 +104,12 @@ def test_tensorboard_event_file_holds_tags_steps_and_last_values(tmp_path):
     events.Reload()
     assert {"loss", "acc", "acc_test"} <= set(events.Tags()["scalars"])
     loss = events.Scalars("loss")
-    assert [e.step for e in loss] == history.collect("steps")
+    # at the completed steps (Keras, clu, Jaxloop): one past the history's count,
+    # so the epoch-end evaluations land on the epoch boundaries 3 and 6
+    assert [e.step for e in loss] == [s + 1 for s in history.collect("steps")]
     assert loss[-1].value == pytest.approx(history.collect("loss")[-1])
-    assert [e.step for e in events.Scalars("acc_test")] == [2, 5]
+    assert history.collect("steps", "acc_test")[0] == [2, 5]
+    assert [e.step for e in events.Scalars("acc_test")] == [3, 6]
     assert (tmp_path / "hparams").is_dir()
 
 
@@ -166,6 +179,9 @@ def test_csv_append_and_nonfinite_values(tmp_path):
 
 @pytest.mark.parametrize("name", ["tensorboard", "csv_logger", "jsonl_logger"])
 def test_writer_survives_ctrl_c_with_committed_rows_on_disk(tmp_path, name):
+    if name == "tensorboard":
+        need_tensorboard()
+
     def interrupt(state, batch, elapsed):
         if elapsed.steps == 4:
             raise KeyboardInterrupt
@@ -183,8 +199,8 @@ def test_writer_survives_ctrl_c_with_committed_rows_on_disk(tmp_path, name):
         )
 
         events = EventAccumulator(str(path))
-        events.Reload()
-        assert [e.step for e in events.Scalars("loss")] == [0, 1, 2, 3, 4]
+        events.Reload()  # at the completed steps
+        assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5]
     elif name == "csv_logger":
         assert [r["steps"] for r in read_csv(path)] == ["0", "1", "2", "3", "4"]
     else:
@@ -208,6 +224,9 @@ def written(name, path, key):
 
 @pytest.mark.parametrize("name", ["tensorboard", "csv_logger", "jsonl_logger"])
 def test_a_batch_ctrl_c_cut_before_it_counted_leaves_no_row(tmp_path, name):
+    if name == "tensorboard":
+        need_tensorboard()
+
     # The writer holds batch 4's row, then Ctrl-C comes before the state changed:
     # the batch does not count (no history row, `elapsed` excludes it), so the
     # writer does not write it either; `on_end`'s row at that step is its own.
@@ -233,7 +252,9 @@ def test_a_batch_ctrl_c_cut_before_it_counted_leaves_no_row(tmp_path, name):
     assert elapsed.steps == 4
     assert history.collect("steps", "loss")[0] == [0, 1, 2, 3]
     assert history.collect("steps", "final")[0] == [4]
-    assert written(name, path, "loss") == [0, 1, 2, 3]
+    # TensorBoard counts completed steps: batch 3's row at 4, on_end's too
+    shift = 1 if name == "tensorboard" else 0
+    assert written(name, path, "loss") == [s + shift for s in [0, 1, 2, 3]]
     assert written(name, path, "final") == [4]
     if name == "jsonl_logger":
         rows = read_jsonl(path)
@@ -343,10 +364,15 @@ SIGINT_CHILD = textwrap.dedent(
 
     out = sys.argv[1]
     writers = {
-        "tensorboard": ciclo.tensorboard(os.path.join(out, "tb")),
         "csv_logger": ciclo.csv_logger(os.path.join(out, "log.csv")),
         "jsonl_logger": ciclo.jsonl_logger(os.path.join(out, "log.jsonl")),
     }
+    try:  # the optional writers, where their package is installed
+        import tensorboard, tensorboardX  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        writers["tensorboard"] = ciclo.tensorboard(os.path.join(out, "tb"))
     try:
         import wandb  # noqa: F401
     except ImportError:
@@ -451,9 +477,15 @@ def test_writer_survives_sigint_in_a_subprocess(sigint_run, name):
     out, result = sigint_run
     if name not in result["writers"]:
         pytest.skip(f"{name}'s optional dependency is not installed")
+    if name == "tensorboard":
+        need_tensorboard()
+    elif name == "wandb_logger":
+        pytest.importorskip("wandb", reason="needs ciclo[wandb] (wandb)")
     steps = result["steps"]  # the history's rows; the loss logged is the step
     assert steps == list(range(len(steps))) and len(steps) >= 5
-    committed = [(step, float(step)) for step in steps]
+    # TensorBoard and W&B plot a step's values at the completed steps (one more)
+    shift = 1 if name in ("tensorboard", "wandb_logger") else 0
+    committed = [(step + shift, float(step)) for step in steps]
     if name == "tensorboard":
         from tensorboard.backend.event_processing.event_accumulator import (
             EventAccumulator,

@@ -14,6 +14,7 @@ from flax import traverse_util
 
 from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
+from ciclo._flax.partitioning import linen_annotations
 from ciclo._flax.state import FlaxState, Forward, new_state, sown_names
 
 __all__ = ["LinenModel", "create_linen_state"]
@@ -171,7 +172,8 @@ def create_linen_state(
     init = jax.jit(functools.partial(module.init, method=method, **eval_kw))
     variables = dict(init(init_rngs, inputs))
     init_sown = [tuple(path[-1] for path in _flat(variables.get(c, {}))) for c in SOWN]
-    params = variables.pop("params", {})
+    params, param_specs = linen_annotations(variables.pop("params", {}))
+    variables = nn.meta.unbox(variables)
     batch_stats = variables.pop("batch_stats", {})
     collections = {c: v for c, v in variables.items() if c not in _NOT_PERSISTED}
     persisted = (["batch_stats"] if batch_stats else []) + list(collections)
@@ -210,4 +212,5 @@ def create_linen_state(
         batch_stats=batch_stats,
         collections=collections,
         key=state_key,
+        param_specs=param_specs,
     )

@@ -20,6 +20,7 @@ from flax import nnx
 
 from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
+from ciclo._flax.partitioning import nnx_annotations
 from ciclo._flax.state import FlaxState, Forward, new_state, sown_names
 from ciclo._strategies.base import tree_is_key
 
@@ -175,4 +176,5 @@ def create_nnx_state(
         batch_stats=batch_stats,
         collections=collections,
         key=key,
+        param_specs=nnx_annotations(params),
     )

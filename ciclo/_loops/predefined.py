@@ -10,6 +10,11 @@ The whole per-batch order of `train_loop`, from `tables.TRAIN`:
                 on_train_batch_end
     on_train_end                       (once, after the last batch)
 
+The test loop (the validation, `tables.VALIDATION`): on_validation_begin,
+on_test_begin; per test batch on_validation_batch_begin, on_test_batch_begin,
+on_validation_step (else on_test_step), on_test_batch_end,
+on_validation_batch_end; then on_test_end, on_validation_end.
+
 The parts it assembles live with their kind: the epoch end is a schedule
 (`_schedules.epoch`), the data a `_passes.Passes`, the test loops `inner_loop`
 callbacks (`callbacks._test_loops`).
@@ -24,7 +29,7 @@ from typing import Any
 
 from ciclo._fused import check_steps, declared_steps, fuse_passes
 from ciclo._history import History
-from ciclo._loop import loop
+from ciclo._loop import EmptyDataWarning, loop
 from ciclo._loops.register import Gated, as_list, register
 from ciclo._loops.tables import (
     EPOCH_LOGS,
@@ -46,7 +51,7 @@ from ciclo._schedules.named import (
     on_train_step,
 )
 from ciclo._time import Elapsed, Period, as_period
-from ciclo.callbacks._epoch_logs import EpochMeans
+from ciclo.callbacks._epoch_logs import EpochLogs
 from ciclo.callbacks._test_loops import test_loops
 
 
@@ -112,7 +117,27 @@ def _run(table: Table, state, dataset, named, ordinary, **loop_kwargs):
             f"tasks={{ciclo.{table.step}: [{step}]}}."
         )
     tasks, on_start, on_end = _compile(table, named, ordinary)
-    return loop(state, dataset, tasks, on_start=on_start, on_end=on_end, **loop_kwargs)
+    with warnings.catch_warnings():  # each predefined loop says it its own way
+        warnings.simplefilter("ignore", EmptyDataWarning)
+        return loop(
+            state, dataset, tasks, on_start=on_start, on_end=on_end, **loop_kwargs
+        )
+
+
+def _warn_if_empty(where: str, result: Any, loop_kwargs: Mapping[str, Any]) -> None:
+    """Warns when a test/predict loop ran no batch (its stop not already reached)."""
+    start = loop_kwargs.get("elapsed") or Elapsed.create()
+    stop = loop_kwargs.get("stop")
+    if result[2].steps != start.steps or (
+        stop is not None and as_period(stop, "stop").reached(start)
+    ):
+        return
+    warnings.warn(
+        f"{where}: `dataset` yielded no batch (starting at step {start.steps}), so "
+        f"there is nothing in the history. Expected at least one batch: check that "
+        f"it is not an exhausted iterator or generator, or an empty list.",
+        stacklevel=3,
+    )
 
 
 def train_loop(
@@ -129,7 +154,7 @@ def train_loop(
     test_name: str = "test",
     epochs: int | None = None,
     test_every: int | Callable[..., bool] | None = None,
-    epoch_logs: bool = False,
+    epoch_logs: bool | str | Callable[[list[Any]], Any] | Mapping[str, Any] = False,
     stop: int | Period | None = None,
     history: History | None = None,
     elapsed: Elapsed | None = None,
@@ -160,11 +185,18 @@ def train_loop(
             returning one (called once per epoch), or a factory
             `dataset(start_step)` (see `ciclo.loop`).
         tasks: `{named_or_ordinary_schedule: callback_or_list}`.
-        callbacks: objects registering their `on_train_*`, `on_epoch_end` and
-            `on_reset_step` attributes (keras_bar, checkpoint, early_stopping, ...).
+        callbacks: objects registering their `on_train_*`, `on_epoch_*`,
+            `on_reset_step` and `on_validation_*` attributes (keras_bar,
+            checkpoint, early_stopping, ...); their `on_test_*` attributes are
+            left to `test_loop`, so one object can tell the validation here
+            from a final test.
         test_dataset: a zero-argument callable returning a fresh test iterable,
             or a dict `name -> callable` (one test loop each, entries suffixed
-            `_{name}`, run in the dict's order).
+            `_{name}`, run in the dict's order). Each fires the validation
+            hooks (`on_validation_begin`, ...) and, inside them, the test hooks
+            given in `tasks`; its step is `on_validation_step` (alias
+            `validation_step`) if anything is registered there, else
+            `on_test_step` (`test_step`).
         epoch_duration, test_duration: int steps or a `Period`; `test_duration`
             bounds each test loop (default: until the test data is exhausted); a
             dict `name -> duration` with a dict `test_dataset`. `epoch_duration`
@@ -176,17 +208,24 @@ def train_loop(
         test_every: run the test loop(s) every n-th epoch (an int), or at the
             epoch ends where this schedule fires (e.g. `ciclo.after(1000)`).
             The reset steps still run at every epoch end.
-        epoch_logs: at each epoch end, also log the epoch's means of the train
-            batches' losses and metrics (weighted by batch size, summed on the
-            device) as `{name}_epoch`, e.g. `loss_epoch`; before `on_epoch_end`,
-            so a checkpoint or early stopping can monitor them.
+        epoch_logs: at each epoch end, also log the epoch's aggregates of the
+            train batches' entries as `{name}_epoch`, e.g. `loss_epoch`; before
+            `on_epoch_end`, so a checkpoint or early stopping can monitor them.
+            True: the means of the losses and metrics (weighted by batch size);
+            or an aggregation spec as `ciclo.inner_loop`'s (a mode such as
+            `"max"`, a function of the list of values, or a dict entry or
+            collection -> mode), accumulated on the device where the mode
+            allows (no per-step sync). A step can declare an entry's mode when
+            logging it: `logs.add_metric("acc", acc, aggregation="max")`.
         inner_loop_kwargs: for the test `ciclo.inner_loop`, e.g. its aggregation.
         stop, history, elapsed, catch_keyboard_interrupt, metadata, batch_size_fn:
             as in `ciclo.loop` (the test loop shares `metadata`/`batch_size_fn`).
         resume: a checkpoint directory: shorthand for adding
             `ciclo.checkpoint(resume, resume=True)` to `callbacks` (saves at each
             epoch end; starts from its latest complete checkpoint, if any, with the
-            state, history, elapsed and data position restored).
+            state, history, elapsed and data position restored; newer ones that
+            do not read back whole are skipped with a warning, and none reading
+            back is an error; the directory is locked against a second run).
         steps_per_call: run this many train steps per compiled call (see
             `ciclo.fuse`); default: what the train step declares, else 1.
         prefetch: the batches (fused calls) read and placed on the device with
@@ -260,23 +299,22 @@ def train_loop(
             "train_loop: `test_every` was given without `test_dataset`; pass "
             "test_dataset=lambda: make_test_batches() too, or drop `test_every`."
         )
-    if not isinstance(epoch_logs, bool):
-        raise TypeError(
-            f"train_loop: `epoch_logs` must be True or False, got {epoch_logs!r}."
-        )
-    if epoch_logs:
-        means = EpochMeans()
-        builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [means.add], [means.means]
+    if epoch_logs is not False and epoch_logs is not None:
+        aggregates = EpochLogs(epoch_logs)  # validates the spec
+        builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [aggregates.add], [aggregates.logs]
     tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, builtin)
     if closer is not None:  # its end hook first: the data position settles
         on_end = [closer, *(on_end or [])]
-    result = loop(
-        state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
-        history=history, elapsed=elapsed, metadata=metadata,
-        catch_keyboard_interrupt=catch_keyboard_interrupt, batch_size_fn=batch_size_fn,
-        steps_per_call=1,  # grouped above, before the epoch's look-ahead
-        prefetch=0,  # read ahead above, within each pass
-    )  # fmt: skip
+    with warnings.catch_warnings():  # said below, the train_loop way
+        warnings.simplefilter("ignore", EmptyDataWarning)
+        result = loop(
+            state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
+            history=history, elapsed=elapsed, metadata=metadata,
+            catch_keyboard_interrupt=catch_keyboard_interrupt,
+            batch_size_fn=batch_size_fn,
+            steps_per_call=1,  # grouped above, before the epoch's look-ahead
+            prefetch=0,  # read ahead above, within each pass
+        )  # fmt: skip
     if data.empty and not (stop_at is not None and stop_at.reached(start)):
         warnings.warn(
             f"train_loop: `dataset` yielded no batch (starting at step "
@@ -314,7 +352,9 @@ def test_loop(
         [2, 4]
     """
     named, ordinary = register(TEST, state, tasks, callbacks)
-    return _run(TEST, state, dataset, named, ordinary, **loop_kwargs)
+    result = _run(TEST, state, dataset, named, ordinary, **loop_kwargs)
+    _warn_if_empty("ciclo.test_loop", result, loop_kwargs)
+    return result
 
 
 def predict_loop(
@@ -339,7 +379,9 @@ def predict_loop(
         [3, 6]
     """
     named, ordinary = register(PREDICT, state, tasks, callbacks)
-    return _run(PREDICT, state, dataset, named, ordinary, **loop_kwargs)
+    result = _run(PREDICT, state, dataset, named, ordinary, **loop_kwargs)
+    _warn_if_empty("ciclo.predict_loop", result, loop_kwargs)
+    return result
 
 
 test_loop.__test__ = False  # not a pytest test, even when imported into a test module

@@ -33,8 +33,8 @@ FIRST = "__loop_register_first__"
 
 def register(table: Table, state: Any, tasks: Any, callbacks: Any):
     """Callbacks per named schedule: the state's class methods, then `tasks`, then
-    the `callbacks` objects' attributes (on the loop's own names only; in list
-    order, those with a true `__loop_register_first__` first); and the ordinary
+    the `callbacks` objects' attributes (on the loop's own names and
+    `table.nested_hooks` only; in list order, those with a true `__loop_register_first__` first); and the ordinary
     `(schedule, callbacks)` pairs of `tasks`."""
     named: dict[str, list[Any]] = {name: [] for name in table.names}
     for name in table.names:
@@ -57,12 +57,12 @@ def register(table: Table, state: Any, tasks: Any, callbacks: Any):
             ordinary.append((key, value))
     first: dict[str, list[Any]] = {}
     later: dict[str, list[Any]] = {}
-    hooks = {name: aliases_of(name) for name in table.own}
+    hooks = {name: aliases_of(name) for name in table.hooks}
     for i, callback in enumerate(as_list(callbacks)):
         found = registered(callback, f"{table.loop}: callbacks[{i}]", hooks)
         where = first if getattr(callback, FIRST, False) else later
         for name, methods in found.items():
             where.setdefault(name, []).extend(methods)
-    for name in table.own:
+    for name in table.hooks:
         named[name] += [*first.get(name, ()), *later.get(name, ())]
     return named, ordinary

@@ -10,8 +10,8 @@ from ciclo._schedules.named import ALIASES
 
 TASKS = "<tasks>"  # the ordinary schedules of `tasks`, in the order given
 NESTED = "<test loop>"  # train_loop's test loop(s)
-EPOCH_SUM = "<epoch sums>"  # train_loop(epoch_logs=True): adds up the step's logs
-EPOCH_LOGS = "<epoch logs>"  # train_loop(epoch_logs=True): logs the epoch's means
+EPOCH_SUM = "<epoch sums>"  # train_loop(epoch_logs=...): accumulates the step's logs
+EPOCH_LOGS = "<epoch logs>"  # train_loop(epoch_logs=...): logs the aggregates
 
 
 BUILTIN = (TASKS, NESTED, EPOCH_SUM, EPOCH_LOGS)  # filled by the loop itself
@@ -24,7 +24,9 @@ class Table:
     `start` runs once before the first batch's tasks, `end` after the last batch.
     `epoch_begin` runs, in order, first on the batches that begin an epoch. `batch` runs for every batch in order; `epoch` runs, in order, after the
     batch's `TASKS` on the batches that end an epoch; `batch_end` closes the batch.
-    `nested` are the names handed on to the test loop (train_loop only).
+    `nested` are the names handed on to the test loop (train_loop only), and
+    `nested_hooks` those of them that `callbacks` objects register on too (the
+    validation ones: `callbacks` objects register on the loop's own names only).
     """
 
     loop: str
@@ -36,6 +38,7 @@ class Table:
     end: tuple[str, ...]
     step: str
     nested: tuple[str, ...] = ()
+    nested_hooks: tuple[str, ...] = ()
 
     @property
     def own(self) -> tuple[str, ...]:
@@ -51,6 +54,11 @@ class Table:
         """Every named schedule accepted in its `tasks` (its own, then nested)."""
         return (*self.own, *(n for n in self.nested if n not in self.own))
 
+    @property
+    def hooks(self) -> tuple[str, ...]:
+        """The named schedules `callbacks` objects register on, in that order."""
+        return (*self.own, *self.nested_hooks)
+
 
 TEST = Table(
     "test_loop",
@@ -62,6 +70,21 @@ TEST = Table(
     end=("on_test_end",),
     step="on_test_step",
 )
+# train_loop's evaluation at the epoch ends (its `test_dataset`): the validation
+# hooks around the test ones, which run there too (as they always have, for the
+# code written before the validation hooks); the step is `on_validation_step`,
+# filled with the `on_test_step` callbacks when nothing is registered on it.
+VALIDATION = Table(
+    "train_loop's validation",
+    start=("on_validation_begin", "on_test_begin"),
+    epoch_begin=(),
+    batch=("on_validation_batch_begin", "on_test_batch_begin", "on_validation_step",
+           TASKS),
+    epoch=(),
+    batch_end=("on_test_batch_end", "on_validation_batch_end"),
+    end=("on_test_end", "on_validation_end"),
+    step="on_validation_step",
+)  # fmt: skip
 TRAIN = Table(
     "train_loop",
     start=("on_train_begin",),
@@ -71,7 +94,9 @@ TRAIN = Table(
     batch_end=("on_train_batch_end",),
     end=("on_train_end",),
     step="on_train_step",
-    nested=tuple(n for n in TEST.own if n != "on_reset_step"),  # resets run before it
+    # the test names (resets run before the validation), then the validation ones
+    nested=(*(n for n in TEST.own if n != "on_reset_step"), *VALIDATION.own),
+    nested_hooks=tuple(n for n in VALIDATION.own if n.startswith("on_validation")),
 )
 PREDICT = Table(
     "predict_loop",
@@ -104,7 +129,7 @@ def resolve(table: Table, name: str) -> str:
     aliases = [a for a, target in ALIASES.items() if target in table.names]
     close = difflib.get_close_matches(name, [*table.names, *aliases], n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    owners = [t.loop for t in TABLES if canonical in t.own]
+    owners = [t.loop for t in TABLES if canonical in t.names]
     where = f" ({name!r} belongs to {', '.join(owners)}.)" if owners else ""
     raise ValueError(
         f"Unknown named schedule {name!r} for {table.loop}.{hint}{where} Valid named "

@@ -164,6 +164,11 @@ on_test_end = NamedSchedule("on_test_end")
 on_test_batch_begin = NamedSchedule("on_test_batch_begin")
 on_test_step = NamedSchedule("on_test_step")
 on_test_batch_end = NamedSchedule("on_test_batch_end")
+on_validation_begin = NamedSchedule("on_validation_begin")
+on_validation_end = NamedSchedule("on_validation_end")
+on_validation_batch_begin = NamedSchedule("on_validation_batch_begin")
+on_validation_step = NamedSchedule("on_validation_step")
+on_validation_batch_end = NamedSchedule("on_validation_batch_end")
 on_predict_begin = NamedSchedule("on_predict_begin")
 on_predict_end = NamedSchedule("on_predict_end")
 on_predict_batch_begin = NamedSchedule("on_predict_batch_begin")
@@ -179,6 +184,8 @@ BEFORE_THE_STEP = frozenset(
         on_train_step,
         on_test_batch_begin,
         on_test_step,
+        on_validation_batch_begin,
+        on_validation_step,
         on_predict_batch_begin,
         on_predict_step,
     }
@@ -189,6 +196,7 @@ BEFORE_THE_STEP = frozenset(
 ALIASES = {
     "train_step": on_train_step,
     "test_step": on_test_step,
+    "validation_step": on_validation_step,
     "predict_step": on_predict_step,
     "reset_step": on_reset_step,
 }

@@ -1,7 +1,8 @@
 """Strategies: how a managed step runs (`eager`, `jit`, `data_parallel`, `sharded`).
 
 Built-in names: `"eager"`, `"jit"`, `"jit_donate"`, `"data_parallel"`,
-`"data_parallel_donate"` and `"sharded"` (`"-"` works as `"_"`). Add your own with
+`"data_parallel_donate"` and `"sharded"` (`"-"` works as `"_"`);
+`sharded(mesh, rules=..., fsdp=...)` builds mesh/rule/FSDP variants of `"sharded"`. Add your own with
 `register_strategy(name, strategy)`. The protocol is documented in
 `ciclo._strategies.base`.
 """
@@ -10,6 +11,7 @@ from ciclo._strategies.base import Collectives, Strategy, is_stateful_metric
 from ciclo._strategies.data_parallel import DataParallel
 from ciclo._strategies.eager import Eager
 from ciclo._strategies.jit import Jit
+from ciclo._strategies.mesh import sharded
 from ciclo._strategies.registry import (
     get_strategy,
     register_strategy,
@@ -30,6 +32,7 @@ __all__ = [
     "register_strategy",
     "registered_name",
     "registered_strategies",
+    "sharded",
 ]
 
 register_strategy("eager", Eager())

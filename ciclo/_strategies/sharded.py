@@ -1,4 +1,10 @@
-"""The `sharded` strategy: `jax.jit` over a 1-D mesh of all (global) devices."""
+"""The `sharded` strategy: one `jax.jit` program over a `Mesh` of (global) devices.
+
+`"sharded"` is the default: a 1-D mesh over all devices, the state replicated.
+`ciclo.sharded(mesh, data_axis=..., rules=..., fsdp=...)` builds one over any mesh,
+with the parameters (and the optimizer state that mirrors them) sharded by rules,
+Flax annotations or FSDP (`ciclo._strategies.rules`).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,11 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ciclo._strategies.base import Collectives, Step, Strategy, tree_is_key
+from ciclo._strategies.rules import FSDP_MIN_SIZE, check_rules, state_specs
 
 __all__ = ["Sharded", "ShardedCollectives"]
 
@@ -20,7 +27,8 @@ class ShardedCollectives(Collectives):
 
     `mean` and `merge` keep values replicated over the mesh (readable by every
     process); `concat` keeps per-sample values sharded on the batch axis, so each
-    process gets back the rows of its local batch.
+    process gets back the rows of its local batch; `mean_grads` keeps the
+    gradients in their parameters' sharding (no gather of a sharded model).
     """
 
     def __init__(self, strategy: Sharded):
@@ -35,37 +43,75 @@ class ShardedCollectives(Collectives):
     def mean(self, tree: Any) -> Any:
         return self._constrain(tree, P())
 
+    def mean_grads(self, grads: Any, state: Any) -> Any:
+        """The gradients laid out as `state.params` (replicated by default)."""
+        shardings = self._strategy.shardings(state)
+        params = getattr(shardings, "params", None)
+        if params is None or jax.tree.structure(params) != jax.tree.structure(grads):
+            return self.mean(grads)
+        return jax.lax.with_sharding_constraint(grads, params)
+
     def merge(self, metric: Any) -> Any:
         return self._constrain(metric, P())
 
     def concat(self, tree: Any) -> Any:
-        n = jax.device_count()
-        axis = self._strategy.axis
+        strategy = self._strategy
+        n = strategy.mesh.shape[strategy.data_axis]
 
         def shard(x: Any) -> Any:
             shape = np.shape(x)
-            spec = P(axis) if shape and shape[0] % n == 0 else P()
+            spec = P(strategy.data_axis) if shape and shape[0] % n == 0 else P()
             return jax.lax.with_sharding_constraint(
-                x, NamedSharding(self._strategy.mesh, spec)
+                x, NamedSharding(strategy.mesh, spec)
             )
 
         return jax.tree.map(shard, tree)
 
 
+def _auto(mesh: Mesh) -> Mesh:
+    """`mesh` with every axis of type `Auto` (what `jax.make_mesh` does not give
+    by default): ciclo lays arrays out with shardings and constraints."""
+    types = getattr(mesh, "axis_types", None)
+    if types is None or all(t == AxisType.Auto for t in types):
+        return mesh
+    return Mesh(
+        mesh.devices,
+        mesh.axis_names,
+        axis_types=(AxisType.Auto,) * len(mesh.axis_names),
+    )
+
+
 class Sharded(Strategy):
-    """Data parallelism with `jax.jit` on a `Mesh` of `jax.devices()` (axis `data`).
+    """`jax.jit` on a `Mesh`: data parallel on `data_axis`, parameters laid out by
+    rules, Flax annotations or FSDP (replicated by default).
 
-    The state is replicated over the mesh and each batch is sharded on its first
-    axis; XLA inserts the gradient all-reduce, so results equal the `jit` run.
+    With the defaults (the `"sharded"` strategy) the mesh is 1-D over
+    `jax.devices()` and the state is replicated; XLA inserts the gradient
+    all-reduce, so results equal the `jit` run. With `rules`, annotations or
+    `fsdp`, each device holds only its shards of the parameters and of the
+    optimizer-state leaves that mirror them (see `ciclo._strategies.rules`); a
+    training step is one `jax.jit` program whose state comes out in the same
+    shardings it went in (`with_sharding_constraint`), gradients included, so
+    nothing is gathered between steps.
+
     Under `jax.distributed` (several processes) each process passes its LOCAL part
-    of the batch (its size a multiple of its local device count); the global batch
-    is assembled with `jax.make_array_from_process_local_data`, in process order.
+    of the batch (its size a multiple of the data shards its devices hold); the
+    global batch is assembled with `jax.make_array_from_process_local_data`, in
+    process order. What comes back is always readable by the calling process:
+    losses and metrics are replicated, outputs are the rows of the calling
+    process's local batch, and `to_host` returns the whole state on one local
+    device (gathering shards across processes when needed).
 
-    What comes back is always readable by the calling process: losses and metrics
-    are replicated (one device's copy is returned), outputs are the rows of the
-    calling process's local batch (gather them with
-    `jax.experimental.multihost_utils.process_allgather` if needed), and `to_host`
-    returns the state on one local device (each process holds a full copy).
+    Build one with `ciclo.sharded(...)` (`ciclo._strategies.mesh`), which names
+    and registers it.
+
+    Attributes:
+        data_axis: the mesh axis the batch is split on.
+        rules: the `(compiled regex, PartitionSpec)` pairs.
+        fsdp: shard the remaining parameters on `data_axis`.
+        fsdp_min_size: under `fsdp`, parameters with fewer elements stay
+            replicated (1024; set it on the strategy object before placing a
+            state to change it).
 
     Example:
         >>> import ciclo
@@ -73,12 +119,48 @@ class Sharded(Strategy):
         'data'
     """
 
-    axis = "data"
+    fsdp_min_size = FSDP_MIN_SIZE
 
-    def __init__(self, name: str = "sharded", *, donate: bool = False):
+    def __init__(
+        self,
+        name: str = "sharded",
+        *,
+        donate: bool = False,
+        mesh: Mesh | None = None,
+        data_axis: str = "data",
+        rules: Any = None,
+        fsdp: bool = False,
+    ):
         super().__init__(name, donate=donate)
-        self._mesh: Mesh | None = None
+        if mesh is not None and not isinstance(mesh, Mesh):
+            raise TypeError(
+                f"ciclo.sharded: mesh must be a jax.sharding.Mesh (e.g. "
+                f"jax.make_mesh((2, 2), ('data', 'model'))) or None, got "
+                f"{type(mesh).__name__}: {mesh!r:.80}."
+            )
+        if not isinstance(data_axis, str):
+            raise TypeError(
+                f"ciclo.sharded: data_axis must be a mesh axis name (str), got "
+                f"{data_axis!r}."
+            )
+        if mesh is not None and data_axis not in mesh.axis_names:
+            raise ValueError(
+                f"ciclo.sharded: data_axis {data_axis!r} is not an axis of the mesh "
+                f"{dict(mesh.shape)}; pass data_axis= one of {list(mesh.axis_names)}."
+            )
+        if not isinstance(fsdp, bool):
+            raise TypeError(f"ciclo.sharded: fsdp must be True or False, got {fsdp!r}.")
+        self.data_axis = data_axis
+        self.rules = check_rules(rules, mesh)
+        self.fsdp = fsdp
+        self._user_mesh = None if mesh is None else _auto(mesh)
+        self._mesh: Mesh | None = self._user_mesh
         self.collectives = ShardedCollectives(self)
+
+    @property
+    def axis(self) -> str:
+        """The mesh axis the batch is split on (`data_axis`)."""
+        return self.data_axis
 
     @property
     def max_in_flight(self) -> int | None:
@@ -88,27 +170,56 @@ class Sharded(Strategy):
 
     @property
     def mesh(self) -> Mesh:
-        """The 1-D mesh over all devices (built on first use, after
-        `jax.distributed.initialize`)."""
+        """The mesh: the one given, else a 1-D mesh over all devices (built on
+        first use, after `jax.distributed.initialize`)."""
+        if self._user_mesh is not None:
+            return self._user_mesh
         if self._mesh is None or self._mesh.devices.size != jax.device_count():
-            self._mesh = jax.sharding.Mesh(np.array(jax.devices()), (self.axis,))
-            self._replicated = NamedSharding(self._mesh, P())
-            self._data = NamedSharding(self._mesh, P(self.axis))
+            self._mesh = Mesh(np.array(jax.devices()), (self.data_axis,))
         return self._mesh
 
+    def specs(self, state: Any) -> Any:
+        """The `PartitionSpec` of every leaf of `state` on this strategy's mesh.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> s = managed.ManagedState.create(params={"w": jnp.ones(4)},
+            ...     tx=optax.sgd(0.1), strategy="sharded")
+            >>> ciclo.get_strategy("sharded").specs(s).params
+            {'w': P()}
+        """
+        return state_specs(
+            state,
+            mesh=self.mesh,
+            data_axis=self.data_axis,
+            rules=self.rules,
+            fsdp=self.fsdp,
+            fsdp_min_size=self.fsdp_min_size,
+        )
+
+    def shardings(self, state: Any) -> Any:
+        """The `NamedSharding` of every leaf of `state` (see `specs`)."""
+        mesh = self.mesh
+        return jax.tree.map(
+            lambda spec: NamedSharding(mesh, spec),
+            self.specs(state),
+            is_leaf=lambda x: isinstance(x, P),
+        )
+
     def place_state(self, state: Any) -> Any:
-        replicated = NamedSharding(self.mesh, P())
+        shardings = self.shardings(state)
         # typed PRNG keys can't be put on devices of other processes: put their
         # raw data (from the host) and wrap it again
         keys = jax.tree.map(tree_is_key, state)
         raw = jax.tree.map(
-            lambda x, key: np.asarray(jax.random.key_data(x)) if key else x,
+            lambda x, key: jax.device_get(jax.random.key_data(x)) if key else x,
             state,
             keys,
         )
         # a donating strategy must not consume (or donate twice) the caller's arrays
         placed = jax.device_put(
-            raw, replicated, may_alias=False if self.donate else None
+            raw, shardings, may_alias=False if self.donate else None
         )
         return jax.tree.map(
             lambda x, old, key: (
@@ -122,10 +233,32 @@ class Sharded(Strategy):
     def to_host(self, state: Any) -> Any:
         return jax.tree.map(_local_copy, state)
 
+    def checkpoint_layout(self, state: Any) -> Any:
+        """What a checkpoint saves (and restores into): a replicated state on one
+        local device, as before; a sharded one as it is, so that orbax writes
+        each process's shards and reads them back in the target's shardings."""
+        leaves = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
+        if all(x.is_fully_replicated for x in leaves):
+            return self.to_host(state)
+        return state
+
+    def _local_data_shards(self) -> int:
+        mesh = self.mesh
+        axis = mesh.axis_names.index(self.data_axis)
+        me = jax.process_index()
+        return len(
+            {
+                index[axis]
+                for index, device in np.ndenumerate(mesh.devices)
+                if device.process_index == me
+            }
+        )
+
     def place_batch(self, batch: Any) -> Any:
-        self.mesh  # noqa: B018  (builds the shardings once)
-        local = jax.local_device_count()
-        replicated, data = self._replicated, self._data
+        mesh = self.mesh
+        replicated = NamedSharding(mesh, P())
+        data = NamedSharding(mesh, P(self.data_axis))
+        local = self._local_data_shards()
 
         def shard(x: Any) -> Any:
             shape = np.shape(x)
@@ -133,10 +266,15 @@ class Sharded(Strategy):
                 return jax.device_put(x, replicated)
             if shape[0] % local:
                 where = (
-                    f"{local} local devices ({jax.device_count()} devices in "
-                    f"{jax.process_count()} processes)"
+                    f"{local} local data shards ({jax.device_count()} devices in "
+                    f"{jax.process_count()} processes, mesh {dict(mesh.shape)})"
                     if jax.process_count() > 1
                     else f"{local} devices"
+                    + (
+                        f" of axis {self.data_axis!r}"
+                        if len(mesh.axis_names) > 1
+                        else ""
+                    )
                 )
                 raise ValueError(
                     f"Strategy {self.name!r}: a batch of size {shape[0]} (leaf "
@@ -149,21 +287,20 @@ class Sharded(Strategy):
         return jax.tree.map(shard, batch)
 
     def lift_batch_size(self, batch_size: int) -> int:
-        """Each device gets `batch_size` samples: `batch_size * jax.device_count()`.
+        """Each data shard gets `batch_size` samples: `batch_size` times the size
+        of the mesh's data axis (`jax.device_count()` for `"sharded"`).
 
         Example:
             >>> import ciclo, jax
             >>> ciclo.get_strategy("sharded").lift_batch_size(8) == 8 * jax.device_count()
             True
         """
-        return batch_size * jax.device_count()
+        return batch_size * self.mesh.shape[self.data_axis]
 
     def wrap(self, fn: Step, *, donate: bool = False) -> Step:
-        replicated = NamedSharding(self.mesh, P())
-
         def step(state, batch, elapsed):
             logs, state = fn(state, batch, elapsed)
-            return logs, jax.lax.with_sharding_constraint(state, replicated)
+            return logs, jax.lax.with_sharding_constraint(state, self.shardings(state))
 
         compiled = jax.jit(step, donate_argnums=(0,) if donate else ())
         if jax.process_count() == 1:
@@ -181,12 +318,22 @@ class Sharded(Strategy):
             return x
         if x.is_fully_replicated:
             return _local_copy(x)
-        spec = getattr(x.sharding, "spec", P(self.axis))
+        spec = getattr(x.sharding, "spec", P(self.data_axis))
         return multihost_utils.global_array_to_host_local_array(x, self.mesh, spec)
 
 
 def _local_copy(x: Any) -> Any:
-    """One local device's copy of a replicated array (works across processes)."""
-    if isinstance(x, jax.Array):
+    """The whole of `x` on one local device (works across processes)."""
+    if not isinstance(x, jax.Array):
+        return x
+    if x.is_fully_replicated:
         return x.addressable_data(0)
-    return x
+    device = jax.local_devices()[0]
+    if x.is_fully_addressable:
+        return jax.device_put(x, device)
+    if tree_is_key(x):
+        data = multihost_utils.process_allgather(jax.random.key_data(x), tiled=True)
+        return jax.random.wrap_key_data(
+            jax.device_put(data, device), impl=jax.random.key_impl(x)
+        )
+    return jax.device_put(multihost_utils.process_allgather(x, tiled=True), device)

@@ -2,10 +2,14 @@
 
 The protocol (loop element, `__loop_callback__`, `__loop_end__`, the by-hand call),
 the throttled, lagged redraw, how far along a `total` the run is, and the two
-output modes: redrawn in place on a terminal, or plain lines (one per epoch end or
-every `plain_interval` seconds) on anything else — a log file, a pipe, CI. Subclasses
-only draw: `_stream()`, `_draw(current, target, unit, values)` and
-`_close(current, target, unit, values)`, reading `_plain`, `_seconds` and `_rate`.
+output modes: redrawn in place on a terminal, or plain lines on anything else — a
+log file, a pipe, CI: every `plain_interval` seconds, and at each epoch end of
+`train_loop` an epoch summary (every train and test scalar the epoch-end step
+logged, exact, and the epoch's seconds per step), printed once its values are
+computed (no wait on the device). Subclasses only draw: `_stream()`,
+`_draw(current, target, unit, values)`, `_draw_epoch(current, target, unit,
+values, per_step)` and `_close(current, target, unit, values)`, reading `_plain`,
+`_seconds`, `_rate` and `_end_summarized`.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import time as _time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ciclo._time import Elapsed, Period, as_period, batch_size
 from ciclo.callbacks._base import LoopElement
-from ciclo.callbacks._lagged import LaggedValues
+from ciclo.callbacks._lagged import SHOWN_COLLECTIONS, LaggedQueue, LaggedValues
 
 __all__ = ["ProgressBar", "format_duration", "is_terminal", "progress"]
 
@@ -134,6 +140,8 @@ class ProgressBar(LoopElement):
             "steps"
         }
         self._values = LaggedValues()
+        # epoch summaries waiting for their values to be computed, in order
+        self._summaries = LaggedQueue(max_pending=8)
         self._epoch_mark = _EpochEnd(self)
         self.closed = False
         self._reset()
@@ -182,10 +190,14 @@ class ProgressBar(LoopElement):
         """
         self._values.offer(logs)
         size = 0 if batch is None else batch_size(batch)
-        self._update(elapsed.update(size))
+        after = elapsed.update(size)
+        self._epoch(logs, elapsed, after)
+        self._update(after)
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
         self._values.offer(loop_state.logs)
+        if self._epoch_ended or self._summaries or self._epoch_from is None:
+            self._epoch(loop_state.logs, loop_state.elapsed, loop_state.elapsed_after)
         if not self._finished and self._due(loop_state.elapsed):
             self._update(loop_state.elapsed_after)
         return None, None
@@ -202,9 +214,73 @@ class ProgressBar(LoopElement):
     def close(self) -> None:
         """Closes the bar by hand (if it is open); the next call starts a new one."""
         if self._open and not self._finished:
+            self._end_summarized = self._print_summaries(
+                drain=True, end=self._last_position[0]
+            )
             self._close(*self._last_position, self._values.read_final())
             self.closed = True
         self._reset()
+
+    # -- epoch summaries ----------------------------------------------------------
+    def _summarizes(self) -> bool:
+        """Whether epoch ends get a summary line: in plain mode (subclasses may
+        say otherwise)."""
+        return self._plain
+
+    def _epoch(self, logs: Any, before: Elapsed, after: Elapsed) -> None:
+        """At an epoch end, queues its summary (the step's scalar losses and
+        metrics, as they are: device values are not waited for); prints the
+        queued ones whose values are computed."""
+        if self._finished:  # the total is reached: the bar is closed
+            self._epoch_ended = False
+            return
+        if self._epoch_from is None:  # where this run's first epoch started
+            self._epoch_from = (before.steps, float(before.date))
+        if self._epoch_ended and not self._open:  # an epoch of one batch
+            self._start(progress(self.total, after)[0])
+        if self._epoch_ended and self._summarizes():
+            self._epoch_ended = False  # the summary replaces the progress line,
+            self._last_draw = _time.monotonic()  # and counts as one for the interval
+            steps, since = self._epoch_from
+            now = _time.time()
+            per_step = (
+                (now - since) / (after.steps - steps) if after.steps > steps else None
+            )
+            self._epoch_from = (after.steps, now)
+            current, target, unit = progress(self.total, after)
+            names, values = [], []
+            for collection in SHOWN_COLLECTIONS:
+                for name, value in ((logs or {}).get(collection) or {}).items():
+                    if name not in names:
+                        names.append(name)
+                        values.append(value)
+            # first-logged first (train entries, then the test ones), like Keras
+            seen = {name: i for i, name in enumerate(self._values._recent)}
+            order = sorted(
+                range(len(names)), key=lambda i: seen.get(names[i], len(seen) + i)
+            )
+            names, values = [names[i] for i in order], [values[i] for i in order]
+            where = (current, target, unit, _run_seconds(after), per_step, names)
+            self._summaries.push(where, values)
+        elif self._epoch_ended:
+            self._epoch_from = (after.steps, _time.time())
+        if self._summaries:
+            self._print_summaries()
+
+    def _print_summaries(self, drain: bool = False, end: float | None = None) -> bool:
+        """Prints the queued summaries whose values are computed (all with
+        `drain`, waiting); whether the last one printed was at `end`."""
+        ready = self._summaries.drain() if drain else self._summaries.pop_ready()
+        for (current, target, unit, seconds, per_step, names), values in ready:
+            shown = {}
+            for name, value in zip(names, values):
+                number = _number(value)
+                if number is not None:
+                    shown[name] = number
+            self._seconds = seconds
+            self._draw_epoch(current, target, unit, shown, per_step)
+            self._summary_at = current
+        return end is not None and self._summary_at == end
 
     # -- internals ----------------------------------------------------------------
     def _due(self, before: Elapsed) -> bool:
@@ -244,6 +320,8 @@ class ProgressBar(LoopElement):
         # a terminal redraws at most every `interval`, epochs or not
         if now - self._last_draw < self._every and not (epoch_end and self._plain):
             return
+        if self._plain and self._summaries:  # an epoch's summary comes first
+            return
         self._last_draw = now
         self._draw(current, target, unit, self._values.read())
 
@@ -255,6 +333,7 @@ class ProgressBar(LoopElement):
             current, target, unit = drawn
         if not self._open:
             self._start(current)
+        self._end_summarized = self._print_summaries(drain=True, end=current)
         self._seconds = _run_seconds(done)
         self._finished = True
         self._close(current, target, unit, self._values.read_final())
@@ -274,6 +353,10 @@ class ProgressBar(LoopElement):
 
     def _reset(self) -> None:
         self._values.clear()
+        self._summaries.clear()
+        self._epoch_from: tuple[int, float] | None = None  # (steps, wall time)
+        self._end_summarized = False  # the final position's summary was printed
+        self._summary_at: float | None = None  # where the last summary was
         self._last_draw = -math.inf
         self._every = self.interval
         self._open = False  # started, not closed yet
@@ -294,10 +377,32 @@ class ProgressBar(LoopElement):
     ) -> None:
         raise NotImplementedError
 
+    def _draw_epoch(
+        self,
+        current: float,
+        target: float | None,
+        unit: str,
+        values: dict,
+        per_step: float | None,
+    ) -> None:
+        """One epoch-summary line; `per_step`: the epoch's seconds per step."""
+        raise NotImplementedError
+
     def _close(
         self, current: float, target: float | None, unit: str, values: dict
     ) -> None:
         raise NotImplementedError
+
+
+def _number(value: Any) -> float | None:
+    """A host value (fetched by the queue) as a float, if it is a scalar number."""
+    try:
+        array = np.asarray(value)
+    except Exception:
+        return None
+    if array.size != 1 or not np.issubdtype(array.dtype, np.number):
+        return None
+    return float(array.reshape(()))
 
 
 def _run_seconds(done: Elapsed) -> float:

@@ -22,11 +22,20 @@ deleted.
 A managed state (`ManagedState`, `FlaxState`) is saved in its single-device host
 layout and restored into the target's strategy, so a checkpoint saved under one
 strategy or device count restores under any other.
+
+Faults: a checkpoint that does not read back whole (a damaged file, or array bytes
+that differ from the checksums saved beside them: `_integrity`) is never loaded
+(resume falls back past it with a warning, `restore` names it:
+`_orbax.restore_from`); a save
+that finds the disk full ends in one clear `OSError` (`_faults`); a directory is
+written by one run at a time (`_lock`: taken when a loop with the checkpoint starts
+or at a save by hand, released when the loop ends or at `close()`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import sys
@@ -41,7 +50,8 @@ from orbax.checkpoint import checkpoint_managers as policies
 from ciclo._history import History
 from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed, batch_size
-from ciclo.callbacks import _orbax
+from ciclo._transfer import explicit
+from ciclo.callbacks import _faults, _integrity, _lock, _orbax
 from ciclo.callbacks._monitor import Monitor
 
 __all__ = ["checkpoint", "restore"]
@@ -117,7 +127,9 @@ def restore(
             checkpoints were saved without `monitor`, the directory holds step
             folders ciclo did not write, or `target_state` does not have the
             structure or shapes of the saved state (the message names the
-            differing paths).
+            differing paths); if the checkpoint does not read back whole
+            (damaged or deleted files: nothing of it is loaded; the message names
+            the step and the fix, `step=` an older one or deleting it).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, ciclo
@@ -173,6 +185,9 @@ class checkpoint:
             factory `dataset(start_step)` is called with it, a plain iterable is
             advanced past the consumed batches (with a warning). With no complete
             checkpoint there (none, or only one killed mid-write), start fresh.
+            Newer checkpoints that do not read back whole (damaged files) are
+            skipped with a warning; if none reads back, a ValueError (never a
+            silent fresh start).
         items: save only these fields of the state (attribute names of a
             dataclass / Flax struct such as `"params"`, or keys of a dict), e.g.
             `items=["params", "batch_stats"]` to leave the optimizer state out.
@@ -195,6 +210,13 @@ class checkpoint:
             not a name or a list of names.
         ValueError: if `keep < 1` or `mode` is not "min"/"max"; at a save, if the
             monitored metric was not logged (the message lists what was).
+        RuntimeError: when a loop starts with it, or at a save by hand, if another
+            live run holds the directory (its lock file `ciclo.lock` names the
+            host, pid and start time; a dead run's lock is taken over with a
+            warning). The lock is released when the loop ends or at `close()`.
+        OSError: (errno ENOSPC) at a save, when the disk is full: one error
+            naming the directory, the step not saved and the previous checkpoint,
+            which is intact (the partial files are removed).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, ciclo
@@ -266,6 +288,9 @@ class checkpoint:
         self._saved: set[int] = set()
         self._unranked = self._fresh = False  # this loop's saves, with monitor
         self._returned: Elapsed | None = None  # what the last loop it ran in returned
+        self._locked = False  # holds the directory's lock (one run per directory)
+        self._pending: int | None = None  # the step of a save not known written yet
+        self._skipped: set[int] = set()  # steps the resume skipped as unreadable
 
     # -- registration -----------------------------------------------------------
     @property
@@ -389,16 +414,22 @@ class checkpoint:
         position of a checkpointable data iterator, when there is one), or None
         (start fresh) when the directory holds none."""
         if not self._resume_pending:
+            self._lock()  # a loop is about to write here: one run per directory
             return None
         self._resume_pending = False
-        if not self.directory.exists():
-            return None
-        manager = self._open()
-        if not manager.all_steps():
-            return None
-        state, elapsed, history, data = _orbax.restore_from(
-            manager, state, False, None, with_history=True
-        )
+        try:
+            self._lock()
+            manager = self._open()
+            steps = manager.all_steps()
+            if not steps:
+                return None
+            state, elapsed, history, data = _orbax.restore_from(
+                manager, state, False, None, with_history=True, fallback=True
+            )
+        except BaseException:
+            self.close()  # the loop does not start: nothing to hold
+            raise
+        self._skipped = {s for s in steps if s > elapsed.steps}
         if data is None:
             return state, history, elapsed
         return state, history, elapsed, data  # + the data iterator's position
@@ -449,13 +480,20 @@ class checkpoint:
                     f"directory is the one that resumes), or give each its own "
                     f"directory."
                 )
-        manager = self._open()
+        self._lock()
+        try:
+            manager = self._open()
+        except BaseException:  # e.g. a directory that is not ciclo's
+            self._unlock()
+            raise
         step = int(elapsed.steps)
+        self._finish(manager)  # the previous save: written, or a clear error
         stale = [s for s in manager.all_steps() if s >= step]
         if stale:
-            manager.wait_until_finished()
             _orbax.check_layout(manager, stale)  # never delete what is not ours
-            foreign = [s for s in stale if s not in self._saved]
+            foreign = [
+                s for s in stale if s not in self._saved and s not in self._skipped
+            ]
             if foreign:
                 warnings.warn(
                     f"ciclo.checkpoint: {self.directory} has checkpoints at steps "
@@ -471,11 +509,15 @@ class checkpoint:
             metrics = {"monitor": self.monitor.name, "mode": self.monitor.mode}
             if value is not None:
                 metrics.update(score=self.monitor.score(value), value=value)
-        state = _orbax.select(_orbax.host_layout(state), self.items)
+        with explicit():  # a deliberate fetch: allowed under transfer_guard("disallow")
+            state = _orbax.select(_orbax.host_layout(state), self.items)
         wrapped = _orbax.is_leaf(state)
         saved = _orbax.elapsed_json(elapsed, wrapped)
         if self.items is not None:
             saved["items"] = list(self.items)
+        sums = _integrity.checksums([state] if wrapped else state)
+        if sums is not None:  # checked when read back: damaged bytes never load
+            saved["checksums"] = sums
         if data is not None:
             saved["data"] = data_state_to_json(data)
         items = {
@@ -484,13 +526,55 @@ class checkpoint:
         }
         if history is not None:
             items["history"] = ocp.args.JsonSave(history)
-        manager.save(
-            step,
-            args=ocp.args.Composite(**items),
-            metrics=metrics,
-            force=True,
-        )
+        self._pending = step
+        try:
+            with explicit():  # orbax starts its device-to-host copies here
+                manager.save(
+                    step,
+                    args=ocp.args.Composite(**items),
+                    metrics=metrics,
+                    force=True,
+                )
+        except Exception as error:
+            self._failed(error)
+            raise
         self._saved.add(step)
+        if not self.async_save:
+            self._pending = None
+
+    def _finish(self, manager: ocp.CheckpointManager) -> None:
+        """Waits for the pending save; a disk-full failure becomes one clear error."""
+        try:
+            manager.wait_until_finished()
+        except Exception as error:
+            self._failed(error)
+            raise
+        self._pending = None
+
+    def _failed(self, error: Exception) -> None:
+        """After a save failed: a full disk raises its one clear error (the partial
+        step removed, the manager dropped); any other error is left to propagate."""
+        step, self._pending = self._pending, None
+        if step is None or not _faults.is_disk_full(error):
+            return
+        manager, self._manager = self._manager, None
+        _OPEN.pop(id(self), None)
+        clear = _faults.disk_full(self.directory, step, error)  # writes settled
+        _abandon(manager)
+        raise clear from None
+
+    def _lock(self) -> None:
+        """Takes the directory's lock (one run writes it), then removes what
+        saves killed mid-write left there."""
+        if self._locked or "://" in str(self.directory):  # URLs: orbax cleans up
+            return
+        _lock.acquire(self.directory, then=_orbax.remove_partial_saves)
+        self._locked = True
+
+    def _unlock(self) -> None:
+        if self._locked:
+            self._locked = False
+            _lock.release(self.directory)
 
     def _open(self) -> ocp.CheckpointManager:
         if self._manager is None:
@@ -521,16 +605,25 @@ class checkpoint:
     def wait(self) -> None:
         """Blocks until the background saves are written (re-raises their errors)."""
         if self._manager is not None:
-            self._manager.wait_until_finished()
+            self._finish(self._manager)
 
     def close(self) -> None:
-        """Waits for the saves and releases orbax's resources (reopened on use)."""
-        if self._manager is not None:
-            manager, self._manager = self._manager, None
-            try:
-                manager.close()
-            finally:
-                _OPEN.pop(id(self), None)
+        """Waits for the saves and releases orbax's resources (reopened on use)
+        and the directory's lock."""
+        try:
+            manager = self._manager
+            if manager is not None:
+                try:
+                    self._finish(manager)  # a full disk: its one clear error
+                    manager.close()
+                except BaseException:
+                    _abandon(manager)
+                    raise
+                finally:
+                    self._manager = None
+                    _OPEN.pop(id(self), None)
+        finally:
+            self._unlock()
 
     def steps(self) -> list[int]:
         """The steps of the checkpoints in the directory (after pending saves)."""
@@ -560,6 +653,20 @@ class checkpoint:
         the best by `monitor`. See `ciclo.restore`."""
         self.wait()
         return _orbax.restore_from(self._open(), target_state, best, step)
+
+
+def _abandon(manager: ocp.CheckpointManager | None) -> None:
+    """Releases what it can of a manager whose save failed (its own close would
+    raise the failure again)."""
+    for name in (
+        "_checkpointer",
+        "_non_blocking_metadata_store",
+        "_blocking_metadata_store",
+        "_checkpoint_deleter",
+    ):
+        part = getattr(manager, name, None)
+        with contextlib.suppress(Exception):  # best effort: the failure is raised
+            part.close()  # type: ignore[union-attr]
 
 
 def resuming(callbacks: list[Any], directory: str | os.PathLike) -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -33,15 +34,25 @@ class _FileWriter(Writer):
         self._append = bool(append)
         self._file: TextIO | None = None
 
-    def _open(self) -> TextIO:
+    def _open(self, rows: list[Row]) -> TextIO:
         if self._file is None:
             directory = os.path.dirname(self.path)
             if directory:
                 os.makedirs(directory, exist_ok=True)
             mode = "a" if self._append else "w"
+            if not self._append:  # the first write: an earlier run's rows below
+                start = self._resume_point(rows)  # the start step stay
+                if start > 0 and os.path.exists(self.path):
+                    self._keep_below(start)
+                    mode = "a"
+            self._opened = True
             self._file = open(self.path, mode, newline="")  # noqa: SIM115
             self._append = True  # later opens (a new loop) continue the file
         return self._file
+
+    def _keep_below(self, start: int) -> None:
+        """Rewrites the file with its rows of steps below `start` (atomically)."""
+        raise NotImplementedError
 
     def _close(self) -> None:
         file, self._file = self._file, None
@@ -84,15 +95,28 @@ class jsonl_logger(_FileWriter):
         [0.0, 1.0, 2.0]
     """
 
+    def _keep_below(self, start: int) -> None:
+        kept = []
+        with open(self.path) as file:
+            for line in file:
+                try:
+                    steps = int(json.loads(line)["steps"])
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut by the crash
+                if steps < start:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        _replace(self.path, "".join(kept))
+
     def _write(self, rows: list[Row]) -> None:
         if not rows:
             return
-        file = self._open()
+        file = self._open(rows)
         for row in rows:
             record = {
                 "steps": row.steps,
                 "samples": row.samples,
                 "time": row.time,
+                "completed": row.completed,
                 **row.entries,
             }
             file.write(json.dumps(record) + "\n")
@@ -144,15 +168,34 @@ class csv_logger(_FileWriter):
         super().__init__(path, **kwargs)
         self._fields: list[str] = []
 
-    def _open(self) -> TextIO:
+    def _open(self, rows: list[Row]) -> TextIO:
         if self._file is None and self._append and not self._fields:
             self._fields = _header(self.path)  # an existing file: keep its columns
-        return super()._open()
+        return super()._open(rows)
+
+    def _keep_below(self, start: int) -> None:
+        fields = _header(self.path)
+        with open(self.path, newline="") as file:
+            rows = list(csv.DictReader(file))
+        kept = []
+        for row in rows:
+            try:
+                steps = int(row.get("steps") or "")
+            except ValueError:
+                continue  # a row cut by the crash
+            if steps < start and None not in row and None not in row.values():
+                kept.append(row)
+        self._fields = fields
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fields, restval="")
+        writer.writeheader()
+        writer.writerows(kept)
+        _replace(self.path, buffer.getvalue())
 
     def _write(self, rows: list[Row]) -> None:
         if not rows:
             return
-        file = self._open()
+        file = self._open(rows)
         new = []
         known = set(self._fields)
         for row in rows:
@@ -171,6 +214,7 @@ class csv_logger(_FileWriter):
                     "steps": row.steps,
                     "samples": row.samples,
                     "time": row.time,
+                    "completed": row.completed,
                     **{k: _cell(v) for k, v in row.entries.items()},
                 }
             )
@@ -194,6 +238,16 @@ class csv_logger(_FileWriter):
         os.replace(temporary, self.path)
         self._file = open(self.path, "a", newline="")  # noqa: SIM115
         return self._file
+
+
+def _replace(path: str, text: str) -> None:
+    """Writes `text` to `path` through a temporary file renamed over it."""
+    temporary = path + ".tmp"
+    with open(temporary, "w", newline="") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
 
 
 def _header(path: str) -> list[str]:

@@ -10,45 +10,17 @@ import numpy as np
 
 from ciclo._history import ELAPSED, History
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, Logs
-from ciclo._time import short
+from ciclo._time import Elapsed, short
+from ciclo.callbacks._aggregation import (
+    AGGREGATIONS,
+    REDUCTIONS,
+    Aggregation,
+    Spec,
+    weighted_mean,
+)
 
 __all__ = ["AGGREGATIONS", "InnerLoop", "inner_loop"]
 
-
-def _stack(values: list[Any]) -> np.ndarray:
-    return np.stack([np.asarray(v) for v in values])
-
-
-def _weighted_mean(values: list[Any], weights: list[float] | None = None) -> Any:
-    stacked = _stack(values)
-    if weights is None:
-        return stacked.mean(axis=0)
-    w = np.asarray(weights, dtype=np.float64)
-    if not w.sum() > 0:  # no batch sizes known (e.g. only on_end logged it)
-        return stacked.mean(axis=0)
-    w = w.reshape((-1,) + (1,) * (stacked.ndim - 1))
-    mean = (stacked * w).sum(axis=0) / w.sum()
-    if np.issubdtype(stacked.dtype, np.floating):
-        mean = mean.astype(stacked.dtype)
-    return mean
-
-
-AGGREGATIONS: dict[str, Callable[..., Any]] = {
-    "last": lambda values: values[-1],
-    "first": lambda values: values[0],
-    "mean": lambda values: _stack(values).mean(axis=0),
-    "weighted_mean": _weighted_mean,
-    "sum": lambda values: _stack(values).sum(axis=0),
-    "min": lambda values: _stack(values).min(axis=0),
-    "max": lambda values: _stack(values).max(axis=0),
-    "std": lambda values: _stack(values).std(axis=0),
-    "concat": lambda values: np.concatenate([np.atleast_1d(v) for v in values]),
-}
-
-# The reductions that stack the values (they need equal shapes), by function.
-_REDUCTIONS = {
-    AGGREGATIONS[n]: n for n in ("mean", "weighted_mean", "sum", "min", "max", "std")
-}
 
 # train_loop's test aggregation: stateful metrics accumulate, so their last value is
 # the result; losses and per-batch metrics are averaged weighting each batch by its
@@ -58,26 +30,6 @@ TEST_AGGREGATION = {
     LOSSES: "weighted_mean",
     METRICS: "weighted_mean",
 }
-
-Aggregation = str | Callable[[list[Any]], Any]
-
-
-def _check_aggregation(value: Any, where: str) -> Callable[[list[Any]], Any]:
-    if isinstance(value, str):
-        if value not in AGGREGATIONS:
-            raise ValueError(
-                f"inner_loop: unknown {where} {value!r}; expected one of "
-                f"{list(AGGREGATIONS)}, a function of the list of values, or a dict "
-                f"collection or entry -> aggregation."
-            )
-        return AGGREGATIONS[value]
-    if callable(value):
-        return value
-    raise TypeError(
-        f"inner_loop: {where} must be one of {list(AGGREGATIONS)}, a function of the "
-        f"list of values, or a dict collection or entry -> aggregation; got {value!r} "
-        f"({type(value).__name__})."
-    )
 
 
 class InnerLoop:
@@ -110,18 +62,7 @@ class InnerLoop:
                 f"elapsed), e.g. lambda state: ciclo.test_loop(state, data()); got "
                 f"{loop_fn!r} ({type(loop_fn).__name__})."
             )
-        self._default: Callable[..., Any] = AGGREGATIONS["last"]
-        self._per_key: dict[str, Callable[..., Any]] = {}
-        if isinstance(aggregation, Mapping):
-            for key, agg in aggregation.items():
-                if not isinstance(key, str):
-                    raise TypeError(
-                        f"inner_loop: the keys of `aggregation` must be collection "
-                        f"or entry names, got {key!r}."
-                    )
-                self._per_key[key] = _check_aggregation(agg, f"aggregation[{key!r}]")
-        else:
-            self._default = _check_aggregation(aggregation, "aggregation")
+        self._spec = Spec(aggregation, "inner_loop: aggregation", "last")
         self.name = name
         self.loop_fn = loop_fn
         self.output_state = bool(output_state)
@@ -130,26 +71,35 @@ class InnerLoop:
     def __repr__(self) -> str:
         return f"inner_loop({self.name!r}, aggregation={self.aggregation!r})"
 
-    def _aggregation(self, collection: str, entry: str) -> Callable[..., Any]:
-        per_key = self._per_key
-        for key in (f"{collection}.{entry}", entry, collection):
-            if key in per_key:
-                return per_key[key]
-        return self._default
+    def _aggregation(
+        self, collection: str, entry: str, declared: str | None = None
+    ) -> Callable[..., Any]:
+        mode = self._spec.mode(collection, entry, declared)
+        return AGGREGATIONS[mode] if isinstance(mode, str) else mode
 
-    def aggregate(self, history: History, elapsed: Any = None) -> Logs:
+    def aggregate(
+        self,
+        history: History,
+        elapsed: Any = None,
+        declared: Mapping[tuple[str, str], str] | None = None,
+    ) -> Logs:
         """The aggregated, suffixed logs of an inner `history` (a host sync).
 
         `elapsed` (the inner loop's final one) gives the size of the last batch
-        for the weighted mean."""
+        for the weighted mean; `declared`, the modes the inner steps declared
+        (`logs.add_metric(..., aggregation=...)`), which win over a collection's
+        or the default mode, not over a key naming the entry."""
+        declared = declared or {}
         logs = Logs()
         sizes: dict[int, float] | None = None
         for key in history.keys():  # noqa: SIM118 (iterating a History gives rows)
             collection, _, entry = key.partition(".")
             if collection == ELAPSED:
                 continue
-            aggregate = self._aggregation(collection, entry)
-            if aggregate is _weighted_mean:
+            aggregate = self._aggregation(
+                collection, entry, declared.get((collection, entry))
+            )
+            if aggregate is weighted_mean:
                 steps, values = history.collect(f"{ELAPSED}.steps", key)
                 if sizes is None:
                     sizes = _batch_sizes(history, elapsed)
@@ -163,7 +113,7 @@ class InnerLoop:
                 value = aggregate(*args)
             except ValueError as error:
                 shapes = {tuple(np.shape(v)) for v in values}
-                if aggregate not in _REDUCTIONS or len(shapes) < 2:
+                if aggregate not in REDUCTIONS or len(shapes) < 2:
                     raise
                 raise self._uneven(collection, entry, shapes, aggregate) from error
             logs.add_entry(collection, f"{entry}_{self.name}", value)
@@ -172,7 +122,7 @@ class InnerLoop:
     def _uneven(
         self, collection: str, entry: str, shapes: set[tuple[int, ...]], aggregate: Any
     ) -> ValueError:
-        name = _REDUCTIONS[aggregate]
+        name = REDUCTIONS[aggregate]
         shapes = sorted(shapes, key=str)
         other = "" if collection == "metrics" else f"'metrics': {name!r}, "
         return ValueError(
@@ -191,22 +141,25 @@ class InnerLoop:
         `output_state=True`, else `state` itself.
 
         Raises:
-            TypeError: if `loop_fn` does not return `(state, History, elapsed)`.
+            TypeError: if `loop_fn` does not return `(state, history, elapsed)`
+                with a `History` or a list of log dicts.
             ValueError: if `"mean"`, `"sum"`, `"min"` or `"max"` meets values of
                 different shapes; the message names the `collection.entry`.
         """
         output = self.loop_fn(state)
-        if (
-            not isinstance(output, tuple)
-            or len(output) != 3
-            or not isinstance(output[1], History)
-        ):
+        history = None
+        if isinstance(output, tuple) and len(output) == 3:
+            history = as_history(output[1])
+        if history is None:
             raise TypeError(
                 f"inner_loop {self.name!r}: `loop_fn` must return (state, history, "
-                f"elapsed) like ciclo.loop / ciclo.test_loop; got {short(output, 200)}."
+                f"elapsed) like ciclo.loop / ciclo.test_loop, the history a "
+                f"ciclo.History or (as in Ciclo 0.1) a list of log dicts "
+                f"{{collection: {{name: value}}}}; got {short(output, 200)}."
             )
-        inner_state, history, elapsed = output
-        logs = self.aggregate(history, elapsed)
+        inner_state, _, elapsed = output
+        # train_loop's test loops collect the modes their steps declare
+        logs = self.aggregate(history, elapsed, getattr(self.loop_fn, "declared", None))
         return logs, inner_state if self.output_state else state
 
     def __loop_callback__(self, loop_state: Any) -> tuple[Logs, Any]:
@@ -224,6 +177,35 @@ class InnerLoop:
                 f"entries are suffixed _{self.name})."
             )
         return logs, state if self.output_state else None
+
+
+def as_history(history: Any) -> History | None:
+    """A `History`, or Ciclo 0.1's history (a list of log dicts `{collection:
+    {name: value}}`, each row's `elapsed` collection giving its step and samples,
+    else row i at step i with one sample) as one; None for anything else."""
+    if isinstance(history, History):
+        return history
+    if not isinstance(history, list | tuple) or not all(
+        isinstance(row, Mapping)
+        and all(isinstance(entries, Mapping) for entries in row.values())
+        for row in history
+    ):
+        return None
+    out = History()
+    for i, row in enumerate(history):
+        elapsed = row.get(ELAPSED, {})
+        logs = Logs()
+        for collection, entries in row.items():
+            if collection != ELAPSED:
+                logs.add_entries(collection, **entries)
+        out.commit(
+            Elapsed.create(
+                steps=int(elapsed.get("steps", i)),
+                samples=int(elapsed.get("samples", i)),
+            ),
+            logs,
+        )
+    return out
 
 
 def _batch_sizes(history: History, elapsed: Any) -> dict[int, float]:
@@ -258,7 +240,10 @@ def inner_loop(
 
     Args:
         name: suffix of the logged entries (`"accuracy"` -> `"accuracy_{name}"`).
-        loop_fn: `state -> (state, history, elapsed)`, e.g. a `ciclo.test_loop` call.
+        loop_fn: `state -> (state, history, elapsed)`, e.g. a `ciclo.test_loop` call;
+            the history may also be Ciclo 0.1's list of log dicts `{collection:
+            {name: value}}` (rows without an `elapsed` collection count as steps
+            0, 1, ... of one sample each), aggregated the same way.
         output_state: use the inner loop's final state as the new state (default:
             the state is left unchanged).
         aggregation: how each entry's values over the inner steps become one value:

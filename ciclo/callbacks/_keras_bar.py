@@ -6,8 +6,13 @@ import io
 import re
 import sys
 import time as _time
+import warnings
 
-import pkbar
+with warnings.catch_warnings():
+    # pkbar imports pkg_resources, which warns that it is deprecated (setuptools
+    # >= 81): not the user's concern, and an error under `-W error`
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
+    import pkbar
 
 from ciclo._time import Period
 from ciclo.callbacks._bar import ProgressBar, format_duration
@@ -29,11 +34,23 @@ class keras_bar(ProgressBar):
     when the total is reached or the loop ends (also on Ctrl-C or an error), and
     the line is then closed with a newline.
 
-    When `sys.stdout` is not a terminal (a log file, a pipe, CI) the bar is not
-    redrawn: it prints one plain line at each epoch end of `train_loop` and every
+    When `sys.stdout` is not a terminal (a log file, a pipe, CI), or with
+    `plain=True`, the bar is not redrawn: it prints a plain line every
     `plain_interval` seconds, and a final line when the loop ends:
 
         40/100 - 12s - ETA: 18s - loss: 0.3821 - accuracy: 0.9012
+
+    and at each epoch end of `train_loop` an epoch summary, as Keras prints it:
+    every scalar loss and metric the epoch-end step logged (train entries, then
+    the test ones, and the `epoch_logs` ones), exact (not lagged), and the
+    epoch's seconds per step (wall-clock, over the epoch's steps):
+
+        400/1000 - 12s - 25ms/step - loss: 0.3821 - loss_test: 0.4012
+
+    The summary is printed once its values are computed (no wait on the
+    device: a few steps later when the device runs behind), in order, and the
+    last epoch's summary is the final line. `verbose=2` prints these summary
+    lines (and the final line) also on a terminal, as Keras's `verbose=2`.
 
     In `ciclo.loop` put it last (`{**ciclo.keras_bar(total=n)}` runs it every step);
     in `ciclo.train_loop(callbacks=[...])` it runs on `on_train_batch_end` (not in
@@ -52,8 +69,8 @@ class keras_bar(ProgressBar):
             (default): plain lines when `sys.stdout` is not a terminal (a Jupyter
             cell counts as one).
         width: the width of the bar in characters.
-        verbose: 1 draws the bar, 2 prints only the final line (also when the
-            loop ends before `total`), 0 prints nothing.
+        verbose: 1 draws the bar, 2 prints only the epoch summaries and the
+            final line (also when the loop ends before `total`), 0 prints nothing.
 
     Raises:
         TypeError: if `total` is neither an int nor a `Period`.
@@ -72,6 +89,20 @@ class keras_bar(ProgressBar):
         ...     _ = ciclo.loop(None, range(4), {ciclo.every(1): train_step, **bar})
         >>> print(out.getvalue(), end="")  # doctest: +ELLIPSIS
         4/4 - ...s - loss: 0.2500
+
+        In `train_loop`, one summary line per epoch (here with a test set):
+
+        >>> def test_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", 0.5)
+        >>> out = io.StringIO()
+        >>> with contextlib.redirect_stdout(out):
+        ...     _ = ciclo.train_loop(
+        ...         None, range(4), {"train_step": train_step, "test_step": test_step},
+        ...         callbacks=[ciclo.keras_bar()], test_dataset=lambda: [0],
+        ...         epoch_duration=2)
+        >>> print(out.getvalue(), end="")  # doctest: +ELLIPSIS
+        2/Unknown - 0s - ...s/step - loss: 0.5000 - loss_test: 0.5000
+        4/Unknown - 0s - ...s/step - loss: 0.2500 - loss_test: 0.5000
     """
 
     def __init__(
@@ -134,13 +165,22 @@ class keras_bar(ProgressBar):
         else:
             kbar.update(shown, values=items)
 
+    def _summarizes(self) -> bool:
+        # Keras: verbose=2 is one line per epoch, also on a terminal
+        return self.verbose == 2 or (self.verbose == 1 and self._plain)
+
+    def _draw_epoch(self, current, target, unit, values, per_step) -> None:
+        current, target, _ = _whole_units(current, target, unit)
+        _write(_summary(current, target, self._seconds, values, per_step=per_step))
+
     def _close(self, current, target, unit, values) -> None:
         rate = self._rate(current)
         current, target, unit = _whole_units(current, target, unit)
         if unit == "ms" and target is not None:
             current = min(current, target)  # reached: don't show the read latency
         if self.verbose == 2 or (self.verbose == 1 and self._plain):
-            _write(_summary(current, target, self._seconds, values))
+            if not self._end_summarized:  # else that line was the last epoch's
+                _write(_summary(current, target, self._seconds, values))
         elif self.verbose == 1:
             kbar = self._bar(target, unit)
             items = list(values.items())
@@ -162,6 +202,15 @@ _ETA = re.compile(r" - ETA: [^ ]+")
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def _per_step(seconds: float) -> str:
+    """`2s/step`, `25ms/step` or `310us/step`, as Keras writes it."""
+    if seconds >= 1:
+        return f"{seconds:.0f}s/step"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.0f}ms/step"
+    return f"{seconds * 1e6:.0f}us/step"
 
 
 def _update_without_eta(kbar: pkbar.Kbar, current: float, values: list) -> None:
@@ -191,13 +240,17 @@ def _summary(
     seconds: float,
     values,
     eta: float | None = None,
+    per_step: float | None = None,
 ) -> str:
     """One plain line, as pkbar writes its final line with verbose=2:
-    `40/100 - 12s - ETA: 18s - loss: 0.3821 - accuracy: 0.9012`."""
+    `40/100 - 12s - ETA: 18s - loss: 0.3821 - accuracy: 0.9012`; an epoch's,
+    as Keras: `40/100 - 12s - 25ms/step - loss: 0.3821 - loss_test: 0.4012`."""
     parts = [f"{int(current)}/{'Unknown' if target is None else int(target)}"]
     parts.append(f"{seconds:.0f}s")
     if eta is not None:
         parts.append(f"ETA: {format_duration(eta)}")
+    if per_step is not None:
+        parts.append(_per_step(per_step))
     for name, value in values.items():
         try:
             number = float(value)

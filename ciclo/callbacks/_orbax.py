@@ -21,16 +21,21 @@ as `ManagedState` / `FlaxState`) is saved in its single-device host layout
 (`strategy.to_host`) and restored into the host layout of the target, then placed
 with the target's strategy (`place_state`): a checkpoint moves freely between
 strategies and device counts (e.g. saved under `data_parallel` on 8 devices,
-restored under `jit` on one).
+restored under `jit` on one). A strategy with a `checkpoint_layout(state)` method
+saves that layout instead: `ciclo.sharded` keeps a sharded state's arrays as they
+are, so orbax writes each process's shards (no host gathers the model) and restores
+them straight into the shardings of the target (another mesh or device count).
 """
 
 from __future__ import annotations
 
 import array
 import base64
+import contextlib
 import dataclasses
 import math
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +48,7 @@ from etils import epath
 from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._time import Elapsed
+from ciclo.callbacks import _faults, _integrity
 
 __all__ = [
     "ITEMS",
@@ -110,17 +116,52 @@ def path(directory: Any) -> epath.Path:
             f"({type(directory).__name__})."
         )
     result = epath.Path(directory)
-    return result if "://" in str(directory) else result.absolute()
+    if "://" in str(directory):
+        return result
+    result = result.absolute()
+    for folder in (result, *result.parents):  # a file where a folder must be
+        if folder.exists():
+            if not folder.is_dir():
+                where = (
+                    "is" if folder == result else f"is inside {str(folder)!r}, which is"
+                )
+                raise ValueError(
+                    f"The checkpoint directory {os.fspath(directory)!r} {where} an "
+                    f"existing file, not a directory. Pass a directory path (created "
+                    f"if missing), e.g. {str(folder.parent / 'checkpoints')!r}."
+                )
+            break
+    return result
 
 
 def manager(directory: epath.Path, **options: Any) -> ocp.CheckpointManager:
-    """A `CheckpointManager` of the `state` + `elapsed` layout."""
-    options.setdefault("cleanup_tmp_directories", not options.get("read_only"))
+    """A `CheckpointManager` of the `state` + `elapsed` layout.
+
+    Orbax's removal of a killed save's temporary folders is left to the holder of
+    the directory's lock (`remove_partial_saves`), so that opening a directory
+    never removes the save in flight of another run; on URLs (no lock) orbax
+    removes them."""
+    url = "://" in str(directory)
+    options.setdefault("cleanup_tmp_directories", url and not options.get("read_only"))
+    _faults.quiet_orbax_logs()  # a failure is said once, by ciclo
     return ocp.CheckpointManager(
         directory,
         item_names=ITEMS,
         options=ocp.CheckpointManagerOptions(**options),
     )
+
+
+def remove_partial_saves(directory: epath.Path) -> None:
+    """Removes the temporary folders that saves killed mid-write left in
+    `directory` (called by the holder of its lock)."""
+    try:
+        children = list(directory.iterdir())
+    except OSError:
+        return
+    for child in children:
+        if ".orbax-checkpoint-tmp" in child.name and child.is_dir():
+            with contextlib.suppress(OSError):
+                child.rmtree()
 
 
 def _listing(folder: epath.Path, limit: int = 5) -> str:
@@ -180,9 +221,14 @@ def strategy_of(state: Any) -> Any:
 
 
 def host_layout(state: Any) -> Any:
-    """The state as saved: a managed state in its single-device host layout."""
+    """The state as saved: a managed state in its single-device host layout, or
+    in the layout its strategy's `checkpoint_layout` gives."""
     strategy = strategy_of(state)
-    return state if strategy is None else strategy.to_host(state)
+    if strategy is None:
+        return state
+    # a strategy may keep its layout (e.g. `ciclo.sharded`: sharded arrays, each
+    # process writing its own shards, restored in the target's shardings)
+    return getattr(strategy, "checkpoint_layout", strategy.to_host)(state)
 
 
 def is_leaf(state: Any) -> bool:
@@ -272,13 +318,21 @@ def restore_from(
     best: bool,
     step: int | None,
     with_history: bool = False,
-) -> tuple[Any, Elapsed] | tuple[Any, Elapsed, History]:
+    fallback: bool = False,
+) -> tuple[Any, ...]:
     """`(state, elapsed)` of `step`, else the best (`best=True`), else the latest;
     `(state, elapsed, history, data)` with `with_history` (`data`: the data
     iterator's saved state as JSON, or None).
 
+    A checkpoint that does not read back whole (a damaged or missing file) is
+    never returned in part. With `fallback` (resuming the latest), the newer ones
+    that do not read back are skipped with a warning naming them and why, and the
+    newest that does is returned; without it, the error names the step and the fix.
+
     Raises:
-        ValueError: no checkpoint, no such step, or `best` without monitored ones.
+        ValueError: no checkpoint, no such step, `best` without monitored ones, a
+            checkpoint that does not read back (with `fallback`: none does), or a
+            target that does not fit.
     """
     steps = mngr.all_steps()
     where = mngr.directory
@@ -301,16 +355,103 @@ def restore_from(
         step = max(scored, key=lambda s: best_key(s, mngr.metrics(s)))
     else:
         step = steps[-1]
-    items = mngr.restore(step, args=ocp.args.Composite(elapsed=ocp.args.JsonRestore()))
-    e = items["elapsed"]
-    wrapped = bool(e.get("wrapped", False))
-    saved_items = None if e.get("items") is None else tuple(e["items"])
+    if not fallback:
+        try:
+            return _read(mngr, step, target_state, with_history)
+        except Unreadable as error:
+            older = [s for s in steps if s < step]
+            fix = (
+                f"restore an older one with step={older[-1]} (steps there: "
+                f"{steps}), or delete {error.folder} and restore the latest again"
+                if older
+                else f"it is the only one there up to that step (steps there: "
+                f"{steps}); delete {error.folder}"
+            )
+            raise ValueError(
+                f"ciclo.restore: the checkpoint at step {step} in {where} does not "
+                f"read back whole ({error.why}); nothing was loaded from it. It is "
+                f"damaged or incomplete: {fix}."
+            ) from None
+    skipped: list[Unreadable] = []
+    for candidate in reversed([s for s in steps if s <= step]):
+        try:
+            restored = _read(mngr, candidate, target_state, with_history)
+        except Unreadable as error:
+            skipped.append(error)
+            continue
+        if skipped:
+            warnings.warn(
+                f"ciclo.checkpoint: resuming from step {candidate} in {where}: "
+                f"skipped the newer checkpoint(s) that do not read back whole "
+                f"(damaged or incomplete): {_listed(skipped)}. Nothing was loaded "
+                f"from them; they stay on disk until this run's saves replace "
+                f"them.",
+                stacklevel=5,  # the train_loop / loop call
+            )
+        return restored
+    raise ValueError(
+        f"ciclo.checkpoint: cannot resume from {where}: no checkpoint there reads "
+        f"back whole: {_listed(skipped)}. Nothing was loaded, and the run does not "
+        f"start fresh on its own: if the target state is right, these checkpoints "
+        f"are damaged; delete them (or resume from another directory) to start "
+        f"fresh."
+    )
+
+
+class Unreadable(Exception):
+    """A checkpoint step that does not read back whole: `step`, `folder`, `why`."""
+
+    def __init__(self, step: int, folder: epath.Path, error: BaseException):
+        self.step, self.folder, self.why = step, folder, why(error)
+        _faults.reported(f"{folder}/")  # orbax's leftover tasks: said here
+        super().__init__(f"step {step}: {self.why}")
+
+
+def why(error: BaseException) -> str:
+    """The root cause of `error` in one short line (for a message)."""
+    inner = error
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    if isinstance(inner, KeyError) and inner.args:
+        text = str(inner.args[0])
+    else:
+        text = " ".join(str(inner).split())
+    text = re.sub(r"\s*\[tensorstore_spec.*", "", text)
+    text = f"{type(inner).__name__}: {text}" if text else type(inner).__name__
+    if len(text) > 200:  # tensorstore: "CODE: Error ... at "file": the reason"
+        code = re.match(r"\w+: ([A-Z_]{4,}: )?", text)
+        text = (code.group(0) if code else "") + "... " + text.rsplit('": ', 1)[-1]
+    return text[:300]
+
+
+def _listed(errors: list[Unreadable]) -> str:
+    return "; ".join(f"step {e.step} ({e.why})" for e in errors)
+
+
+def _read(
+    mngr: ocp.CheckpointManager, step: int, target_state: Any, with_history: bool
+) -> tuple[Any, ...]:
+    """Reads the checkpoint at `step` whole, or raises `Unreadable` (a target that
+    does not fit raises its own ValueError)."""
+    folder = epath.Path(mngr.directory) / str(step)
+    try:
+        items = mngr.restore(
+            step, args=ocp.args.Composite(elapsed=ocp.args.JsonRestore())
+        )
+        e = items["elapsed"]
+        wrapped = bool(e.get("wrapped", False))
+        saved_items = None if e.get("items") is None else tuple(e["items"])
+        elapsed = Elapsed(
+            int(e["steps"]), int(e["samples"]), e["date"], e["date_start"]
+        )
+    except Exception as error:
+        raise Unreadable(step, folder, error) from None
     strategy = strategy_of(target_state)
     host = None
     if target_state is None:
         state_args = ocp.args.StandardRestore()
     else:
-        host = target_state if strategy is None else strategy.to_host(target_state)
+        host = host_layout(target_state)
         abstract = jax.tree.map(
             ocp.utils.to_shape_dtype_struct, select(host, saved_items)
         )
@@ -319,25 +460,40 @@ def restore_from(
         _check_fits(mngr, step, target_state, select(host, saved_items), wrapped)
     try:
         state = mngr.restore(step, args=ocp.args.Composite(state=state_args))
-    except (ValueError, TypeError, KeyError):
+        state = state["state"]
+    except Exception as error:
         if host is not None:  # a difference the metadata did not show first
             _check_fits(mngr, step, target_state, select(host, saved_items), wrapped)
-        raise
-    state = state["state"]
+        raise Unreadable(step, folder, error) from None
+    damaged = _integrity.differs(state, e.get("checksums"))
+    if damaged is not None:
+        raise Unreadable(
+            step,
+            folder,
+            ValueError(
+                f"the bytes read back for {damaged!r} differ from those saved "
+                f"(checksum): its data files were changed"
+            ),
+        )
     state = state[0] if wrapped else state
     if saved_items is not None and host is not None:  # the rest is the target's
         state = put(host, state)
     if strategy is not None:
         state = strategy.place_state(state)
-    elapsed = Elapsed(int(e["steps"]), int(e["samples"]), e["date"], e["date_start"])
     if not with_history:
         return state, elapsed
     saved = None
-    if (epath.Path(mngr.directory) / str(step) / "history").exists():
-        saved = mngr.restore(
-            step, args=ocp.args.Composite(history=ocp.args.JsonRestore())
-        )["history"]
-    return state, elapsed, history_from_json(saved), e.get("data")
+    if (folder / "history").exists():
+        try:
+            saved = mngr.restore(
+                step, args=ocp.args.Composite(history=ocp.args.JsonRestore())
+            )["history"]
+            history = history_from_json(saved)
+        except Exception as error:
+            raise Unreadable(step, folder, error) from None
+    else:
+        history = history_from_json(None)
+    return state, elapsed, history, e.get("data")
 
 
 def _key(entry: Any) -> str:

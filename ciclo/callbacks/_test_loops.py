@@ -1,5 +1,6 @@
 """`train_loop`'s test loops: one `inner_loop` per test dataset, run at the epoch
-ends (behind `test_every`), each a `test_loop` over a fresh `test_dataset()`."""
+ends (behind `test_every`), each a loop of the `VALIDATION` table (the validation
+hooks around the test ones) over a fresh `test_dataset()`."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 from ciclo._callback import arity
 from ciclo._history import History
 from ciclo._loops.register import Gated
-from ciclo._loops.tables import NESTED, TEST
+from ciclo._loops.tables import NESTED, VALIDATION
 from ciclo._passes import iterate
-from ciclo._schedules.named import When, on_reset_step, on_test_step
+from ciclo._schedules.constant import always
+from ciclo._schedules.named import When, on_test_step, on_validation_step
 from ciclo._time import Elapsed, as_period, short
 from ciclo.callbacks._inner_loop import TEST_AGGREGATION, inner_loop
 
@@ -21,7 +23,7 @@ def test_loops(
     run, named, test_dataset, test_duration, test_name, test_every, kwargs, loop_kwargs
 ):
     """The test loops' `inner_loop`s of the epoch end, behind `test_every`; `run`
-    runs the `TEST` table (`run(TEST, state, data, named, [], **loop_kwargs)`)."""
+    runs a table (`run(VALIDATION, state, data, named, [], **loop_kwargs)`)."""
     if isinstance(test_dataset, Mapping):
         datasets = dict(test_dataset)
         if not isinstance(test_duration, Mapping | None):
@@ -75,8 +77,9 @@ def test_loops(
 
 
 def _evaluation(run, named, test_dataset, test_duration, loop_kwargs):
-    """`state -> test_loop(...)` over a fresh `test_dataset()`, without the reset
-    steps (the epoch end has just run them)."""
+    """`state -> (state, history, elapsed)`: the `VALIDATION` table over a fresh
+    `test_dataset()`, without the reset steps (the epoch end has just run them);
+    its step is `on_validation_step`, else `on_test_step`."""
     if not callable(test_dataset):
         raise TypeError(
             f"train_loop: `test_dataset` must be a zero-argument callable returning a "
@@ -84,20 +87,28 @@ def _evaluation(run, named, test_dataset, test_duration, loop_kwargs):
             f"{short(test_dataset)} ({type(test_dataset).__name__})."
         )
     arity(test_dataset, "train_loop: `test_dataset`", most=0)
-    if not named[on_test_step]:
+    step = named[on_validation_step] or named[on_test_step]
+    if not step:
         raise ValueError(
-            "train_loop: `test_dataset` was given but nothing runs on `on_test_step`: "
-            "give the state a `test_step` method or pass "
-            "tasks={ciclo.on_test_step: [test_step]}."
+            "train_loop: `test_dataset` was given but nothing runs on `on_test_step` "
+            "(nor on `on_validation_step`): give the state a `test_step` method or "
+            "pass tasks={ciclo.on_test_step: [test_step]}."
         )
-    test_named = {name: named[name] for name in TEST.own}
-    test_named[on_reset_step] = []
+    test_named = {name: named[name] for name in VALIDATION.own}
+    test_named[on_validation_step] = step
+    declared: dict[tuple[str, str], str] = {}  # the modes the test steps declare
+
+    def collect(state: Any, batch: Any, elapsed: Any, loop_state: Any) -> None:
+        modes = getattr(loop_state.logs, "_aggregations", None)
+        if modes:
+            declared.update(modes)
 
     def run_test(state: Any) -> tuple[Any, History, Elapsed]:
         data = iterate(test_dataset(), "`test_dataset()` returned")
+        declared.clear()
         output = run(
-            TEST, state, data, test_named, [], stop=test_duration,
-            catch_keyboard_interrupt=False, **loop_kwargs,
+            VALIDATION, state, data, test_named, [(always(), [collect])],
+            stop=test_duration, catch_keyboard_interrupt=False, **loop_kwargs,
         )  # fmt: skip
         if output[2].steps == 0:
             warnings.warn(
@@ -110,4 +121,5 @@ def _evaluation(run, named, test_dataset, test_duration, loop_kwargs):
             )
         return output
 
+    run_test.declared = declared  # read by InnerLoop.aggregate
     return run_test

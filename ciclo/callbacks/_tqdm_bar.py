@@ -28,11 +28,16 @@ class tqdm_bar(ProgressBar):
     and `close()` when the total is reached or the loop ends (also on Ctrl-C or an
     error); runs on `on_train_batch_end` in `ciclo.train_loop(callbacks=[...])`;
     spread it into a `ciclo.loop` task dict with `**`; call it by hand as
-    `bar(elapsed, logs)`. When `file` is not a terminal (a log file, a pipe, CI)
-    it writes one plain line (no `\\r`) at each epoch end of `train_loop` and every
+    `bar(elapsed, logs)`. When `file` is not a terminal (a log file, a pipe, CI),
+    or with `plain=True`, it writes one plain line (no `\\r`) every
     `plain_interval` seconds, and a final line when the loop ends:
 
         train: 80/100 [00:04<00:01, 19.90step/s, loss=0.382, accuracy=0.901]
+
+    and at each epoch end of `train_loop` an epoch summary in the same form:
+    every scalar loss and metric of the epoch-end step (train, then test and
+    `epoch_logs` entries), exact, with the epoch's rate (as `keras_bar`:
+    printed once the values are computed, without waiting on the device).
 
     Args:
         total: the length of the run: an int (steps) or a `Period`; None: no ETA.
@@ -115,18 +120,25 @@ class tqdm_bar(ProgressBar):
         bar.set_postfix(values, refresh=False)
         bar.update(current - bar.n)
 
+    def _draw_epoch(self, current, target, unit, values, per_step) -> None:
+        if unit == "s":
+            current, target = round(current, 1), target and round(target, 1)
+        self._line(current, target, unit, values, per_step)
+
     def _close(self, current, target, unit, values) -> None:
-        self._draw(current, target, unit, values)
+        if not self._end_summarized:  # else that line was the last epoch's
+            self._draw(current, target, unit, values)
         if self._tqdm is not None:
             self._tqdm.close()
             self._tqdm = None
 
-    def _line(self, current, target, unit, values) -> None:
-        """One plain line: tqdm's text without the bar (and no `\\r`)."""
+    def _line(self, current, target, unit, values, per_step=None) -> None:
+        """One plain line: tqdm's text without the bar (and no `\\r`); an epoch
+        summary's rate is the epoch's (`per_step`: seconds per step)."""
         disable = self._kwargs.get("disable", False)
         if disable or disable is None:  # None: tqdm's "disable when not a tty"
             return
-        rate = self._rate(current)
+        rate = self._rate(current) if per_step is None else per_step
         kwargs = self._kwargs
         line = _tqdm.tqdm.format_meter(
             current,

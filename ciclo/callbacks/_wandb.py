@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
-from ciclo.callbacks._writer import Row, Writer, missing
+from ciclo.callbacks._writer import Row, Tags, Writer, missing
+
+RUN_FILE = "ciclo-run.json"  # in wandb's directory: the run a resumed run continues
 
 __all__ = ["wandb_logger"]
 
@@ -14,8 +21,10 @@ class wandb_logger(Writer):
     """Logs the step's losses, metrics and stateful metrics to Weights & Biases.
 
     Each logged step becomes `run.log({name: value, ..., "samples": ...,
-    "time": ...}, step=elapsed.steps)` (the loop's elapsed before the batch, as in
-    `History`), written lagged once the device has computed the values. At the end
+    "time": ...}, step=completed)`, `completed` being the number of steps done with
+    its batch (`elapsed.steps + 1`, as Keras, clu and Jaxloop count; `History`
+    counts the steps before the batch), written lagged once the device has
+    computed the values. At the end
     of the loop (also on Ctrl-C or an error) the remaining rows are logged and, for
     a run this logger started, `run.finish()` is called; a run passed in is left
     open. Works offline (`WANDB_MODE=offline` or `mode="offline"`).
@@ -25,9 +34,21 @@ class wandb_logger(Writer):
     (`project`, `name`, `config`, `dir`, `mode`, ...). Registration and use as
     `ciclo.tensorboard`. Needs `wandb` (`pip install 'ciclo[wandb]'`).
 
+    Resuming continues the same W&B run rather than starting a new one. A run this
+    logger starts gets an id (yours with `id=...`, else a new one, remembered in
+    `<dir>/wandb/ciclo-run.json`); when the loop starts past step 0 (a run resumed
+    from a checkpoint) the logger resumes that run (`resume="allow"`) rewound to
+    the checkpoint (`resume_from="<id>?_step=<S + 1>"`, so the steps the crashed run
+    logged after it are replaced, not kept twice; W&B's run rewinding). Offline,
+    where wandb cannot rewind, it asks for `resume="allow"` on the same id. Pass
+    `resume=`, `resume_from=` or `fork_from=` yourself to choose otherwise.
+
     Args:
         run: a `wandb` run to log to; None starts one at the first write.
         collections: the collections written.
+        prefix: None (bare names), a prefix for every key (`"train/"`), or a dict
+            from a test name to its prefix (`{"": "train/", "test": "val/"}`
+            logs `loss_test` as `val/loss`), as `ciclo.tensorboard`'s.
         max_pending: at most this many rows wait for the device.
         **init_kwargs: passed to `wandb.init` when `run` is None.
 
@@ -49,6 +70,7 @@ class wandb_logger(Writer):
         run: Any = None,
         *,
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
+        prefix: str | Mapping[str, str] | None = None,
         max_pending: int = 256,
         **init_kwargs: Any,
     ):
@@ -66,17 +88,68 @@ class wandb_logger(Writer):
         self.run = run
         self._owned = False
         self._init_kwargs = init_kwargs
+        self._tags = Tags(prefix, "wandb_logger")
+
+    def _run_file(self) -> str:
+        directory = self._init_kwargs.get("dir") or os.getcwd()
+        return os.path.join(os.fspath(directory), "wandb", RUN_FILE)
+
+    def _init(self, start: int | None) -> Any:
+        """Starts this logger's run: a new one from step 0, else the run a crashed
+        one left (same id), rewound to the resume point."""
+        kwargs = dict(self._init_kwargs)
+        path = self._run_file()
+        if start is not None:  # the first write of this logger
+            run_id = kwargs.get("id")
+            if run_id is None and start > 0:
+                try:
+                    with open(path) as file:
+                        run_id = json.load(file).get("id")
+                except (OSError, ValueError):
+                    run_id = None
+            if run_id is None:
+                run_id = uuid.uuid4().hex[:8]
+            kwargs["id"] = run_id
+            chosen = {"resume", "resume_from", "fork_from"} & set(kwargs)
+            if start > 0 and not chosen:  # (wandb takes one of the three)
+                mode = kwargs.get("mode", os.environ.get("WANDB_MODE"))
+                if mode in ("offline", "disabled", "dryrun"):  # no rewinding there
+                    kwargs["resume"] = "allow"
+                else:
+                    kwargs["resume_from"] = f"{run_id}?_step={start + 1}"
+            if kwargs.get("mode", os.environ.get("WANDB_MODE")) != "disabled":
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as file:
+                    json.dump({"id": run_id}, file)
+        waits = [0.5, 1, 2, 4, 8, 15]  # seconds, about 30 in all
+        while True:
+            try:
+                return self._wandb.init(**kwargs)
+            except Exception as error:  # wandb's service errors have no base class
+                if "in use" not in str(error) or not waits:
+                    raise
+                # the killed run's wandb service still holds the id: it lets go
+                # once it sees that its process is gone
+                time.sleep(waits.pop(0))
 
     def _write(self, rows: list[Row]) -> None:
         if not rows:
             return
         if self.run is None:
-            self.run = self._wandb.init(**self._init_kwargs)
+            start = None if self._opened else self._resume_point(rows)
+            self.run = self._init(start)
             self._owned = True
+        elif not self._opened:
+            self._opened = True
+        tags = self._tags
         for row in rows:
             self.run.log(
-                {**row.entries, "samples": row.samples, "time": row.time},
-                step=row.steps,
+                {
+                    **{tags(k): v for k, v in row.entries.items()},
+                    "samples": row.samples,
+                    "time": row.time,
+                },
+                step=row.completed,
             )
             self.rows_written += 1
 

@@ -8,7 +8,17 @@ reading: a row keeps references to the step's device values and is written once
 device during training. Subclasses only write: `_write(rows)` and `_close()`.
 
 Rows use the loop's `elapsed` BEFORE the batch, as `History` does, so a writer's
-rows equal the history's. The row of the current step is held back until the next
+rows equal the history's; each row also carries `completed`, the number of steps
+completed once its batch ran (`steps + 1`; for the row `on_end` logs after the
+last batch, `steps`), the step TensorBoard and W&B plot it at, as Keras, clu and
+Jaxloop do.
+
+Across interruptions a writer holds each committed step once. The loop tells it,
+before the first batch, where it starts (`__loop_start__(elapsed)`: after a resume,
+the restored checkpoint's step S); the first write of a writer object then keeps
+what an earlier run wrote below S and drops what it wrote from S on (the steps a
+crashed run logged after its last checkpoint, which this run logs again). Used by
+hand, the first row's step stands for S. The row of the current step is held back until the next
 call (or the loop's end), so that at the end it can be completed with what was
 committed after the writer ran: entries logged by callbacks after it in the last
 step, the logs of a batch cut by Ctrl-C, the logs of `on_end`. A held row whose
@@ -36,9 +46,9 @@ from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS, LaggedQueue
 
-__all__ = ["Row", "Writer", "host_scalar", "missing"]
+__all__ = ["Row", "Tags", "Writer", "host_scalar", "missing"]
 
-ELAPSED_COLUMNS = ("steps", "samples", "time")
+ELAPSED_COLUMNS = ("steps", "samples", "time", "completed")
 
 
 def missing(owner: str, module: str, extra: str) -> ImportError:
@@ -70,6 +80,43 @@ def host_scalar(value: Any) -> int | float | None:
     return None
 
 
+class Tags:
+    """A writer's tag for each entry name: the bare name, or with a prefix.
+
+    `prefix` is None (bare names), a string put before every name (`"train/"`),
+    or a dict from a test name to its prefix, `""` standing for entries of no
+    listed test: `{"": "train/", "test": "val/"}` writes `loss` as `train/loss`
+    and `loss_test` (train_loop's test loop, `test_name="test"`) as `val/loss`.
+    """
+
+    def __init__(self, prefix: str | Mapping[str, str] | None, owner: str):
+        if prefix is None or isinstance(prefix, str):
+            self._default, self._tests = prefix or "", {}
+        elif isinstance(prefix, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in prefix.items()
+        ):
+            self._default = prefix.get("", "")
+            self._tests = {f"_{k}": v for k, v in prefix.items() if k}
+        else:
+            raise TypeError(
+                f"ciclo.{owner}: `prefix` must be None, a string such as 'train/', "
+                f"or a dict from a test name to its prefix such as "
+                f"{{'': 'train/', 'test': 'val/'}}; got {prefix!r}."
+            )
+        self._cache: dict[str, str] = {}
+
+    def __call__(self, name: str) -> str:
+        tag = self._cache.get(name)
+        if tag is None:
+            tag = self._default + name
+            for suffix, prefix in self._tests.items():
+                if name.endswith(suffix) and len(name) > len(suffix):
+                    tag = prefix + name[: -len(suffix)]
+                    break
+            self._cache[name] = tag
+        return tag
+
+
 def _numeric(value: Any) -> bool:
     """Cheap per-step filter: could `value` be a single number (no conversion)."""
     if isinstance(value, bool | int | float | np.number | np.bool_):
@@ -82,11 +129,19 @@ class Row:
     """One step: its elapsed fields and `{entry name: value}` (values may still be
     on the device)."""
 
-    __slots__ = ("entries", "samples", "steps", "time")
+    __slots__ = ("completed", "entries", "samples", "steps", "time")
 
-    def __init__(self, steps: int, samples: int, time: float, entries: dict):
+    def __init__(
+        self,
+        steps: int,
+        samples: int,
+        time: float,
+        entries: dict,
+        completed: int | None = None,
+    ):
         self.steps, self.samples, self.time = steps, samples, time
         self.entries = entries
+        self.completed = steps + 1 if completed is None else completed
 
     @classmethod
     def of(cls, elapsed: Any, entries: dict) -> Row:
@@ -178,7 +233,25 @@ class Writer(LoopElement):
         self._held: Row | None = None
         self._mark: tuple[Any, int] | None = None  # (history, index of held row)
         self._guarded = False  # this loop's calls defer Ctrl-C (`_SigintGuard`)
+        self._start: int | None = None  # the step the first loop starts from
+        self._opened = False  # wrote before: later loops continue the output
         self.rows_written = 0
+
+    # -- resuming -----------------------------------------------------------------
+    def __loop_start__(self, elapsed: Elapsed | None) -> None:
+        """Told by the loop, before its first batch, the step it starts from (the
+        restored checkpoint's after a resume). The first write keeps the rows an
+        earlier run wrote below it and drops those from it on."""
+        if not self._opened:
+            self._start = 0 if elapsed is None else int(elapsed.steps)
+
+    def _resume_point(self, rows: list[Row]) -> int:
+        """The step from which an earlier run's rows are replaced, at the first
+        write (the loop's start step; by hand, the first row's step)."""
+        self._opened = True
+        if self._start is not None:
+            return self._start
+        return min((row.steps for row in rows), default=0)
 
     # -- registration -----------------------------------------------------------
     @property
@@ -277,7 +350,8 @@ class Writer(LoopElement):
         except Exception:  # a failed device value: keep what the writer saw
             return [held] if counted else []
         rows = []
-        last = int(loop_state.elapsed.steps) - 1
+        final = int(loop_state.elapsed.steps)
+        last = final - 1
         for i, logs in enumerate(tail):
             elapsed = logs.get("elapsed", {})
             steps = int(elapsed.get("steps", -1))
@@ -291,6 +365,9 @@ class Writer(LoopElement):
                         int(elapsed.get("samples", 0)),
                         float(elapsed.get("time", 0.0)),
                         self._entries(logs),
+                        # `on_end`'s row comes after the last batch: nothing more
+                        # completed than its step counts
+                        steps if steps >= final else steps + 1,
                     )
                 )
         return rows
@@ -324,7 +401,7 @@ class Writer(LoopElement):
                 number = host_scalar(value)
                 if number is not None:
                     entries[name] = number
-            rows.append(Row(row.steps, row.samples, row.time, entries))
+            rows.append(Row(row.steps, row.samples, row.time, entries, row.completed))
         return rows
 
     # -- output (subclasses) --------------------------------------------------------

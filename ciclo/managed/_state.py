@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+import numpy as np
 import optax
 from flax import struct
 from flax.training import train_state
+from jax.sharding import PartitionSpec
 
 from ciclo._strategies.base import Strategy
 from ciclo._strategies.registry import (
@@ -70,6 +73,36 @@ def resolve(strategy: str | Strategy) -> tuple[str, Strategy]:
     return strategy.name.replace("-", "_"), strategy
 
 
+def as_param_specs(params: Any, specs: Any) -> tuple[tuple[str, Any], ...]:
+    """`(path, PartitionSpec)` pairs from a tree of PartitionSpec / None matching
+    `params` (or such pairs already)."""
+    from ciclo._strategies.rules import path_str
+
+    if specs is None:
+        return ()
+    if isinstance(specs, tuple) and all(
+        isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in specs
+    ):
+        return specs
+    flat = jax.tree_util.tree_flatten_with_path(
+        specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec)
+    )[0]
+    wanted = {path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+    out = []
+    for path, spec in flat:
+        if spec is None:
+            continue
+        name = path_str(path)
+        if not isinstance(spec, PartitionSpec) or name not in wanted:
+            raise ValueError(
+                f"ManagedState.create: param_specs must be a tree of PartitionSpec "
+                f"or None matching `params`; at {name!r} it has {spec!r:.60}, and "
+                f"the parameters are {sorted(wanted)[:12]}."
+            )
+        out.append((name, spec))
+    return tuple(out)
+
+
 class ManagedState(train_state.TrainState):
     """A `TrainState` whose managed steps run under its `strategy`.
 
@@ -86,6 +119,11 @@ class ManagedState(train_state.TrainState):
 
     Attributes:
         strategy: the registered name of the strategy (static, not a pytree leaf).
+        param_specs: static `(path, PartitionSpec)` pairs: where parameters are
+            annotated to live on a mesh (`ciclo.sharded` uses them for the
+            parameters its rules do not place). `create(param_specs=...)` takes a
+            tree of `PartitionSpec` / None matching `params`; `create_flax_state`
+            fills it from Flax partitioning annotations.
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -97,6 +135,9 @@ class ManagedState(train_state.TrainState):
     """
 
     strategy: str = struct.field(pytree_node=False)
+    param_specs: tuple[tuple[str, Any], ...] = struct.field(
+        pytree_node=False, default=(), kw_only=True
+    )
 
     @classmethod
     def create(
@@ -138,10 +179,39 @@ class ManagedState(train_state.TrainState):
             'jit'
         """
         name, chosen = resolve(strategy)
+        if "param_specs" in fields:
+            fields["param_specs"] = as_param_specs(params, fields["param_specs"])
         state = super().create(
             apply_fn=apply_fn, params=params, tx=tx, strategy=name, **fields
         )
         return chosen.place_state(state)
+
+    def memory(
+        self, fields: tuple[str, ...] = ("params", "opt_state")
+    ) -> dict[Any, int]:
+        """The bytes of `fields` (default: parameters + optimizer state) each device
+        holds: `{device: bytes}` over this process's devices.
+
+        Replicated arrays count fully on every device; sharded ones only their
+        shards, so under `ciclo.sharded(..., fsdp=True)` on 4 devices a large
+        model takes about a quarter of the replicated bytes per device.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> s = managed.ManagedState.create(params=jnp.zeros(4), tx=optax.adam(1e-3))
+            >>> s.memory()[jax.devices()[0]]  # params + mu + nu (+ the step count)
+            52
+        """
+        per_device: dict[Any, int] = {}
+        for name in fields:
+            for leaf in jax.tree.leaves(getattr(self, name)):
+                if not isinstance(leaf, jax.Array):
+                    continue
+                for shard in leaf.addressable_shards:
+                    size = int(np.prod(shard.data.shape)) * leaf.dtype.itemsize
+                    per_device[shard.device] = per_device.get(shard.device, 0) + size
+        return per_device
 
     def apply_gradients(self, *, grads: Any, **kwargs: Any) -> ManagedState:
         """`TrainState.apply_gradients`, also for params that are not a dict.

@@ -68,6 +68,7 @@ def reduce_logs(logs: Logs, collectives: Collectives) -> Logs:
         else:
             value = collectives.mean(value)
         out.add_entry(collection, name, value)
+    out._aggregations = getattr(logs, "_aggregations", None)  # declared modes
     return out
 
 
@@ -171,6 +172,7 @@ def _fold(stacked: Logs, mode: str) -> tuple[Logs, Logs | None]:
         else:
             value = jnp.mean(value, axis=0)
         out.add_entry(collection, name, value)
+    out._aggregations = getattr(stacked, "_aggregations", None)  # declared modes
     return out, None
 
 
@@ -454,7 +456,11 @@ class ManagedStep(LoopElement):
                 return _total_loss(logs, self.fn), (logs, new_state)
 
             grads, (logs, new_state) = jax.grad(loss_fn, has_aux=True)(state.params)
-            grads = collectives.mean(grads)
+            mean_grads = getattr(collectives, "mean_grads", None)
+            if mean_grads is None:
+                grads = collectives.mean(grads)
+            else:  # e.g. kept in the parameters' sharding
+                grads = mean_grads(grads, new_state)
             if getattr(new_state, "batch_stats", None) is not None:
                 new_state = new_state.replace(
                     batch_stats=collectives.mean(new_state.batch_stats)

@@ -18,6 +18,9 @@ Jax Fit -> ciclo:
         num_epochs=..., eval_freq=...)           test_dataset=..., epochs=...,
                                                  test_every=...)
     per-epoch loss                        -> epoch_logs=True ("loss_epoch")
+    its per-epoch log line                -> ciclo.keras_bar(verbose=2): one epoch
+                                             summary per epoch (loss_epoch, ...,
+                                             accuracy_test on evaluated epochs)
     log_name=..., hparams=... (TensorBoard) -> ciclo.tensorboard(logdir, hparams=...)
 """
 
@@ -94,6 +97,7 @@ state, history, elapsed = ciclo.train_loop(  # Jax Fit: fit(state, train_ds, tes
     test_every=EVAL_FREQ,  # eval_freq
     epoch_logs=True,  # the per-epoch losses: loss_epoch, accuracy_epoch
     callbacks=[
+        ciclo.keras_bar(verbose=2),  # one line per epoch, as Jax Fit prints
         ciclo.lr_monitor(),  # the learning rate, read from inject_hyperparams
         ciclo.tensorboard(  # log_name="digits", hparams={...}
             f"{DIR}/digits", hparams={"batch_size": BATCH, "lr": BASE_LR}
@@ -102,12 +106,8 @@ state, history, elapsed = ciclo.train_loop(  # Jax Fit: fit(state, train_ds, tes
 )
 
 steps, loss_epoch = history.collect("steps", "loss_epoch")
-tested = dict(zip(*history.collect("steps", "accuracy_test")))
-accuracy_test = list(tested.values())
+accuracy_test = history.collect("accuracy_test")
 rates = history.collect("learning_rate")
-for epoch, (step, loss) in enumerate(zip(steps, loss_epoch), 1):
-    test = f", test accuracy {tested[step]:.3f}" if step in tested else ""
-    print(f"epoch {epoch}: loss {loss:.3f}{test}")
 assert elapsed.steps == NUM_EPOCHS * len(train_ds)
 assert len(loss_epoch) == NUM_EPOCHS and len(accuracy_test) == NUM_EPOCHS // EVAL_FREQ
 assert loss_epoch[-1] < loss_epoch[0], loss_epoch

@@ -18,7 +18,12 @@ JAX-Trainer -> ciclo:
     train_epochs, check_val_every_n_epoch     -> epochs, test_every
     val/acc, val/loss                         -> acc_val, loss_val (test_name="val")
     on_training_epoch_start                   -> ciclo.on_epoch_begin
-    on_validation_epoch_end                   -> ciclo.on_epoch_end.every(n)
+    on_validation_epoch_start / _end          -> a callbacks object's
+                                                 on_validation_begin / _end
+    its per-epoch metric line (val/acc, ...)  -> ciclo.keras_bar(verbose=2): one
+                                                 epoch summary per epoch
+    train metrics aggregated per epoch        -> epoch_logs=True (loss_epoch, ...;
+                                                 per metric: aggregation=...)
     log_grad_norm: True                       -> managed.train_step(log_grad_norm=True)
     LearningRateMonitor (at each epoch start) -> ciclo.lr_monitor(schedule) on
                                                  ciclo.on_epoch_begin
@@ -105,13 +110,18 @@ def on_training_epoch_start(state, batch, elapsed):  # JAX-Trainer callback hook
     epochs_started.append(elapsed.steps)
 
 
-def on_validation_epoch_end(state, batch, elapsed, loop_state):  # callback hook
-    logs = loop_state.logs  # this step's logs, the validation's `_val` entries too
-    print(
-        f"epoch {len(epochs_started)}: val/loss {logs.entry_value('loss_val'):.3f}, "
-        f"val/acc {logs.entry_value('acc_val'):.3f}, "
-        f"grad_norm {logs.entry_value('grad_norm'):.3f}"
-    )
+class ValidationCounter:  # a JAX-Trainer Callback with validation hooks
+    def __init__(self):
+        self.started = self.ended = 0
+
+    def on_validation_begin(self):  # on_validation_epoch_start
+        self.started += 1
+
+    def on_validation_end(self):  # on_validation_epoch_end
+        self.ended += 1
+
+
+validations = ValidationCounter()
 
 
 lr_schedule = optax.warmup_cosine_decay_schedule(  # WarmupCosineDecaySchedule
@@ -144,16 +154,19 @@ state, history, elapsed = ciclo.train_loop(  # trainer.train_model(...)
             ciclo.lr_monitor(lr_schedule),  # callbacks: LearningRateMonitor
             on_training_epoch_start,
         ],
-        ciclo.on_epoch_end.every(CHECK_VAL_EVERY): [  # after each validation
-            on_validation_epoch_end,
-            checkpoint,  # callbacks: ModelCheckpoint, which saves after validation
-        ],
+        # callbacks: ModelCheckpoint, which saves after each validation
+        ciclo.on_epoch_end.every(CHECK_VAL_EVERY): checkpoint,
     },
     test_dataset=lambda: [(x_val, y_val)],  # dataset: val_loader
     test_name="val",
     epochs=TRAIN_EPOCHS,  # train_epochs
     test_every=CHECK_VAL_EVERY,  # check_val_every_n_epoch
-    callbacks=[ciclo.nan_guard()],  # detect_nans: True
+    epoch_logs=True,  # the train metrics' epoch means: loss_epoch, acc_epoch
+    callbacks=[
+        ciclo.nan_guard(),  # detect_nans: True
+        validations,  # callbacks with on_validation_* hooks
+        ciclo.keras_bar(verbose=2),  # one line per epoch, val/* included
+    ],
 )
 
 # JAX-Trainer: TrainerModule.load_from_checkpoint(...), then test_model(test_loader)
@@ -166,6 +179,8 @@ print(f"best checkpoint: step {best_elapsed.steps}, val/acc {val_acc:.3f}, "
 assert elapsed.steps == TRAIN_EPOCHS * STEPS_PER_EPOCH
 assert epochs_started == list(range(0, elapsed.steps, STEPS_PER_EPOCH))
 assert len(history.collect("acc_val")) == TRAIN_EPOCHS // CHECK_VAL_EVERY
+assert validations.started == validations.ended == TRAIN_EPOCHS // CHECK_VAL_EVERY
+assert len(history.collect("loss_epoch")) == TRAIN_EPOCHS
 assert np.isclose(val_acc, max(history.collect("acc_val")))  # the best is restored
 assert len(history.collect("grad_norm")) == elapsed.steps
 assert len(history.collect("learning_rate")) == TRAIN_EPOCHS

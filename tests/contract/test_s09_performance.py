@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _guard import disallow_device_to_host  # the guard, enforced on the CPU too
 
 import ciclo
 from ciclo import managed
@@ -42,7 +43,7 @@ def managed_eval(state, batch):
 
 
 def test_loop_with_bars_and_history_does_not_sync_per_step():
-    with jax.transfer_guard_device_to_host("disallow"):
+    with disallow_device_to_host():
         state, history, elapsed = ciclo.loop(
             jnp.zeros(3),
             BATCHES,
@@ -66,7 +67,7 @@ def test_train_loop_with_managed_steps_and_test_loop_does_not_sync_per_step():
     state = managed.ManagedState.create(
         params=jnp.zeros(3), tx=optax.sgd(0.05), strategy="jit"
     )
-    with jax.transfer_guard_device_to_host("disallow"):
+    with disallow_device_to_host():
         state, history, elapsed = ciclo.train_loop(
             state,
             BATCHES,

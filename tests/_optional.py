@@ -1,0 +1,39 @@
+"""`skip_if_optional_missing`: a subprocess (an example, a README or docs block) that
+failed only because an optional package is not installed skips its test, with the
+package named, instead of failing. CI installs `ciclo[test]`, which has them all,
+so there they run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+# the packages ciclo's extras (and the examples) add to the core dependencies
+OPTIONAL = (
+    "clu",
+    "keras",
+    "matplotlib",
+    "pandas",
+    "sklearn",
+    "tensorboard",
+    "tensorboardX",
+    "wandb",
+)
+
+_CICLO = re.compile(r"needs the optional dependency '([^']+)'[^\n]*")
+_PYTHON = re.compile(r"No module named '([^'.]+)")
+
+
+def skip_if_optional_missing(returncode: int, stderr: str) -> None:
+    """Skips the test when the failure (`returncode` != 0) is a missing optional
+    package, i.e. ciclo's "install ciclo[...]" error or a ModuleNotFoundError of
+    one of `OPTIONAL`; anything else is left to the test's own assertion."""
+    if returncode == 0:
+        return
+    found = _CICLO.search(stderr)
+    if found:
+        pytest.skip(f"optional dependency not installed: {found.group(0)}")
+    found = _PYTHON.search(stderr)
+    if found and found.group(1) in OPTIONAL:
+        pytest.skip(f"optional dependency not installed: {found.group(1)}")

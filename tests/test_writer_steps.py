@@ -1,0 +1,198 @@
+"""Writers' step numbering, tag prefixes and resume points, in one process (the
+kill-and-resume runs are in test_writers_resume.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+
+
+def step(state, batch):
+    return ciclo.logs().add_loss("loss", jnp.float32(batch)), state
+
+
+def read_jsonl(path):
+    with open(path) as file:
+        return [json.loads(line) for line in file]
+
+
+def test_a_loop_started_past_zero_keeps_earlier_rows_and_replaces_later_ones(tmp_path):
+    j, c = tmp_path / "log.jsonl", tmp_path / "log.csv"
+    # a first run logged steps 0..7 (loss = step), then "crashed"
+    ciclo.loop(
+        None,
+        range(8),
+        {ciclo.every(1): [step, ciclo.jsonl_logger(j), ciclo.csv_logger(c)]},
+    )
+    # resumed from a checkpoint of step 5, with other values: rows 5.. replaced
+    ciclo.loop(
+        None,
+        [100 + s for s in range(5, 10)],
+        {ciclo.every(1): [step, ciclo.jsonl_logger(j), ciclo.csv_logger(c)]},
+        elapsed=ciclo.Elapsed.create(steps=5),
+    )
+    rows = read_jsonl(j)
+    assert [r["steps"] for r in rows] == list(range(10))
+    assert [r["loss"] for r in rows] == [0, 1, 2, 3, 4, 105, 106, 107, 108, 109]
+    assert [r["completed"] for r in rows] == list(range(1, 11))
+    with open(c, newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [int(r["steps"]) for r in rows] == list(range(10))
+    assert [float(r["loss"]) for r in rows] == [0, 1, 2, 3, 4, 105, 106, 107, 108, 109]
+    assert [int(r["completed"]) for r in rows] == list(range(1, 11))
+
+
+def test_a_fresh_loop_truncates_and_append_keeps_everything(tmp_path):
+    j = tmp_path / "log.jsonl"
+    ciclo.loop(None, range(4), {ciclo.every(1): [step, ciclo.jsonl_logger(j)]})
+    ciclo.loop(None, range(2), {ciclo.every(1): [step, ciclo.jsonl_logger(j)]})
+    assert [r["steps"] for r in read_jsonl(j)] == [0, 1]
+    ciclo.loop(
+        None, range(2), {ciclo.every(1): [step, ciclo.jsonl_logger(j, append=True)]}
+    )
+    assert [r["steps"] for r in read_jsonl(j)] == [0, 1, 0, 1]
+
+
+def test_by_hand_the_first_row_is_the_resume_point(tmp_path):
+    j = tmp_path / "log.jsonl"
+    first = ciclo.jsonl_logger(j)
+    for elapsed, batch in ciclo.elapse(range(6)):
+        first(elapsed, step(None, batch)[0])
+    first.close()
+    with open(j, "a") as file:
+        file.write('{"steps": 6, "lo')  # a line a SIGKILL cut
+    second = ciclo.jsonl_logger(j)
+    for elapsed, batch in ciclo.elapse(range(3), initial=ciclo.Elapsed.create(steps=4)):
+        second(elapsed, step(None, 50 + batch)[0])
+    second.close()
+    rows = read_jsonl(j)
+    assert [(r["steps"], r["loss"]) for r in rows] == [
+        (0, 0),
+        (1, 1),
+        (2, 2),
+        (3, 3),
+        (4, 50),
+        (5, 51),
+        (6, 52),
+    ]
+
+
+def test_tensorboard_completed_steps_prefixes_and_a_resumed_run_purges(tmp_path):
+    pytest.importorskip("tensorboardX", reason="needs ciclo[tensorboard]")
+    pytest.importorskip("tensorboard", reason="reading events needs tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+    )
+
+    def both(state, batch):
+        return ciclo.logs().add_loss("loss", float(batch)).add_metric(
+            "acc_test", 2.0 * batch
+        ), state
+
+    prefix = {"": "train/", "test": "val/"}
+    ciclo.loop(
+        None,
+        range(8),
+        {ciclo.every(1): [both, ciclo.tensorboard(tmp_path, prefix=prefix)]},
+    )
+    ciclo.loop(
+        None,
+        [100 + s for s in range(5, 10)],
+        {ciclo.every(1): [both, ciclo.tensorboard(tmp_path, prefix=prefix)]},
+        elapsed=ciclo.Elapsed.create(steps=5),
+    )
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert {"train/loss", "val/acc"} <= set(events.Tags()["scalars"])
+    loss = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    # completed steps 1..10, each once: 1..5 from the first run, 6.. replaced
+    assert loss == [(1, 0), (2, 1), (3, 2), (4, 3), (5, 4), (6, 105), (7, 106),
+                    (8, 107), (9, 108), (10, 109)]  # fmt: skip
+
+
+def test_bad_prefix_is_a_clear_error(tmp_path):
+    pytest.importorskip("tensorboardX", reason="needs ciclo[tensorboard]")
+    with pytest.raises(TypeError, match="prefix"):
+        ciclo.tensorboard(tmp_path, prefix=3)
+
+
+class FakeWandb(types.ModuleType):
+    """A W&B server's view: runs by id; `resume_from` rewinds, as W&B does."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.inits, self.runs = [], {}
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        moment = kwargs.get("resume_from")
+        run_id = moment.split("?")[0] if moment else kwargs["id"]
+        rows = self.runs.setdefault(run_id, [])
+        if moment:
+            cut = int(moment.split("_step=")[1])
+            rows[:] = [r for r in rows if r[0] < cut]
+        fake = self
+
+        class Run:
+            def log(self, data, step):
+                fake.runs[run_id].append((step, data))
+
+            def finish(self):
+                pass
+
+        return Run()
+
+
+def test_wandb_resumes_and_rewinds_the_same_run(tmp_path, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    ciclo.loop(
+        None,
+        range(8),
+        {ciclo.every(1): [step, ciclo.wandb_logger(project="p", dir=str(tmp_path))]},
+    )
+    ciclo.loop(
+        None,
+        [100 + s for s in range(5, 10)],
+        {
+            ciclo.every(1): [
+                step,
+                ciclo.wandb_logger(project="p", dir=str(tmp_path), prefix="train/"),
+            ]
+        },
+        elapsed=ciclo.Elapsed.create(steps=5),
+    )
+    first, second = fake.inits
+    assert (
+        "resume_from" not in first and second["resume_from"] == f"{first['id']}?_step=6"
+    )
+    (rows,) = fake.runs.values()  # one run, rewound to the checkpoint
+    assert [s for s, _ in rows] == list(range(1, 11))
+    assert [d.get("loss", d.get("train/loss")) for _, d in rows] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        105,
+        106,
+        107,
+        108,
+        109,
+    ]
+    # a fresh run (from step 0) is a new W&B run
+    ciclo.loop(
+        None,
+        range(2),
+        {ciclo.every(1): [step, ciclo.wandb_logger(project="p", dir=str(tmp_path))]},
+    )
+    assert fake.inits[2]["id"] != first["id"] and len(fake.runs) == 2
+    assert np.all([isinstance(k, str) for k in fake.runs])
