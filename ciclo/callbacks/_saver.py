@@ -14,8 +14,8 @@ before anything in it is read or deleted (`_orbax.check_layout`).
 Faults: a save that finds the disk full ends in one clear `OSError` (`_faults`; the
 partial step removed, the manager dropped); a directory is written by one run at a
 time (`_lock`: taken when a loop with the checkpoint starts or at a save by hand,
-released when the loop ends or at `close()`, which also removes what saves killed
-mid-write left there).
+then what saves killed mid-write left there is removed; released when the loop
+ends or at `close()`).
 """
 
 from __future__ import annotations
