@@ -85,7 +85,7 @@ _LAZY = {
     "keras_bar": ("ciclo.callbacks._keras_bar", "keras_bar", "bars"),
     "tqdm_bar": ("ciclo.callbacks._tqdm_bar", "tqdm_bar", "bars"),
     "checkpoint": ("ciclo.callbacks._checkpoint", "checkpoint", "checkpoint"),
-    "restore": ("ciclo.callbacks._checkpoint", "restore", "checkpoint"),
+    "restore": ("ciclo.callbacks._restore", "restore", "checkpoint"),
     "managed": ("ciclo.managed", None, "flax"),
     "Strategy": ("ciclo._strategies", "Strategy", "flax"),
     "register_strategy": ("ciclo._strategies", "register_strategy", "flax"),
