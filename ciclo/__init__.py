@@ -34,7 +34,7 @@ from ciclo._schedules import always as always
 from ciclo._schedules import every as every
 from ciclo._schedules import never as never
 from ciclo._schedules import piecewise as piecewise
-from ciclo._loop import LoopState as LoopState
+from ciclo._loop_state import LoopState as LoopState
 from ciclo._loop import loop as loop
 from ciclo._fused import fuse as fuse
 from ciclo._schedules.named import NamedSchedule as NamedSchedule
