@@ -22,7 +22,7 @@ from ciclo._flax.batch import unpack_batch
 from ciclo._flax.objectives import RESERVED, Objectives
 from ciclo._logs import Logs
 from ciclo._strategies.registry import get_strategy
-from ciclo.managed._steps import grad_logs
+from ciclo.managed._step_logs import grad_logs
 
 __all__ = ["FlaxConfig", "FlaxState", "Forward", "sown_names"]
 
