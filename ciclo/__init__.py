@@ -64,9 +64,9 @@ from ciclo._schedules.named import on_validation_begin as on_validation_begin
 from ciclo._schedules.named import on_validation_end as on_validation_end
 from ciclo._schedules.named import on_validation_step as on_validation_step
 from ciclo._iterate import iterate as iterate
-from ciclo._loops.predefined import predict_loop as predict_loop
-from ciclo._loops.predefined import test_loop as test_loop
-from ciclo._loops.predefined import train_loop as train_loop
+from ciclo._loops.evaluate import predict_loop as predict_loop
+from ciclo._loops.evaluate import test_loop as test_loop
+from ciclo._loops.train import train_loop as train_loop
 from ciclo import callbacks as callbacks
 from ciclo.callbacks._early_stopping import early_stopping as early_stopping
 from ciclo.callbacks._inner_loop import inner_loop as inner_loop
