@@ -17,7 +17,7 @@ from typing import Any
 from ciclo._fused import check_steps, declared_steps, fuse
 from ciclo._history import History
 from ciclo._logs import Logs
-from ciclo._loop_state import LoopState
+from ciclo._loop_state import LoopState, read_from
 from ciclo._prefetch import Prefetch, check_prefetch, placer
 from ciclo._resume import position, prepare
 from ciclo._run import Run
@@ -171,7 +171,7 @@ def loop(
             0, lambda ls: reader.close(int(ls.elapsed.steps - initial.steps))
         )
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
-    ls._data = iterator
+    read_from(ls, iterator)
     run = Run(ls, plan, start, stop_period, batch_size_fn)
     interrupted = False
     try:

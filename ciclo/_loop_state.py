@@ -17,7 +17,7 @@ import numpy as np
 from ciclo._callback import describe, split_output
 from ciclo._logs import Logs
 
-__all__ = ["Apply", "LoopState"]
+__all__ = ["Apply", "LoopState", "committed", "read_from"]
 
 
 class LoopState:
@@ -101,6 +101,18 @@ class LoopState:
             f"LoopState(elapsed.steps={self.elapsed.steps}, "
             f"stop_iteration={self.stop_iteration}, stopping={self.stopping})"
         )
+
+
+def read_from(ls: LoopState, data: Any) -> None:
+    """Makes `ls.data_state()` read the position of `data`, the iterator the
+    loop's batches come from."""
+    ls._data = data
+
+
+def committed(ls: LoopState) -> Logs:
+    """The logs `ls`'s loop committed so far (latest value per entry), which
+    `accumulated_logs` reads: the loop merges each committed step's logs in."""
+    return ls._committed
 
 
 _NUMERIC = (int, float, complex, np.generic, np.ndarray, jax.Array)

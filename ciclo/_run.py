@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ciclo._logs import Logs
+from ciclo._loop_state import committed
 from ciclo._time import Steps, batch_size
 
 __all__ = ["Run"]
@@ -35,6 +36,7 @@ class Run:
         self.rows = None  # len(history) just before the batch's commit began
         self.state = None  # the state when the batch started
         self.running = None  # the runner running (named in error notes)
+        self.committed = committed(ls)  # `ls.accumulated_logs` reads it
 
     def _on_start(self) -> None:
         self.started = True
@@ -76,11 +78,11 @@ class Run:
             if type(batch) is Steps and batch.rows is not None:
                 self.rows = len(history)
                 history.commit_steps(current, batch, logs)
-                ls._committed.merge(logs)
+                self.committed.merge(logs)
             elif logs:
                 self.rows = len(history)
                 history.commit(current, logs)  # publishes the row in one store
-                ls._committed.merge(logs)
+                self.committed.merge(logs)
             current = self.current = after
             self.in_batch = False
             if (
@@ -106,6 +108,6 @@ class Run:
         published = self.rows is not None and len(ls.history) > self.rows
         if counted and ls.logs and not published:
             ls.history.commit(self.current, ls.logs)
-            ls._committed.merge(ls.logs)  # `accumulated_logs` in the end hooks
+            self.committed.merge(ls.logs)  # `accumulated_logs` in the end hooks
         if counted:
             self.current = ls.elapsed_after
