@@ -93,7 +93,7 @@ def placer(state: Any, depth: int | None) -> Callable[[Any], Any] | None:
     if depth is None and not _accelerator():
         return None
     from ciclo._strategies.registry import get_strategy
-    from ciclo.managed._steps import place_ahead  # only with a managed state
+    from ciclo.managed._placement import place_ahead  # only with a managed state
 
     try:
         strategy = get_strategy(name)

@@ -22,7 +22,7 @@ import jax
 import ciclo
 from ciclo import managed
 from ciclo._prefetch import placed
-from ciclo.managed._steps import place_ahead
+from ciclo.managed._placement import place_ahead
 
 assert jax.device_count() == 4, jax.devices()
 
