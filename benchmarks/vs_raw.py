@@ -1,12 +1,18 @@
 """ciclo against a hand-written jitted loop and Keras 3 `fit`, on the same model/data.
 
     KERAS_BACKEND=jax python benchmarks/vs_raw.py [--steps 2048] [--rounds 3]
+    python benchmarks/vs_raw.py --model big [--shrink 1] [--steps 512]
 
-Model and data: sklearn's digits (`load_digits`, bundled: nothing is downloaded),
-an MLP 64→128→10, Adam(1e-3), batch 32, softmax cross-entropy, real numpy batches
-(56 full batches of one epoch, cycled). Variants, each timed from the first step
-to the final `block_until_ready` (compilation excluded: every variant is warmed up
-first and reuses its compiled step):
+Runs on whatever `jax.devices()[0]` is (a GPU when one is there) and names it.
+
+Models. `digits` (default, dispatch-bound): sklearn's digits (`load_digits`,
+bundled: nothing is downloaded), an MLP 64→128→10, Adam(1e-3), batch 32, softmax
+cross-entropy, real numpy batches (56 full batches of one epoch, cycled). `big`
+(compute-bound): an MLP 1024→4096→4096→4096→10 at batch 1024 on generated numpy
+batches (8, cycled); `--shrink s` divides its widths and batch by `s` (its
+FLOPs by s³) so that it runs in reasonable time on a CPU. Variants, each timed
+from the first step to the final `block_until_ready` (compilation excluded: every
+variant is warmed up first and reuses its compiled step):
 
   raw            a hand-written `for` loop over a jitted step; no host sync
   loop           `ciclo.loop` with a `managed.train_step`
@@ -17,13 +23,25 @@ first and reuses its compiled step):
   keras spe=1    Keras 3 `model.fit` (JAX backend), steps_per_execution=1
   keras spe=32   same, steps_per_execution=32
 
-Two calibration rows say what the machine allows (they are not ciclo):
+  ... prefetch=1 train_loop (and fused) with `prefetch=1` forced (the default,
+                 automatic, reads ahead only on an accelerator)
+
+Keras rows run with `--model digits` only. Calibration rows say what the machine
+allows (they are not ciclo):
 
   raw + 5 us     the raw loop plus 5 us of pure-Python busy work per step: what any
                  per-step host work costs here (the loop's own work competes with
                  the dispatch for the same cores when the step is this small)
   raw scan K=32  the raw step under a hand-written `jax.lax.scan` over 32 batches
-                 stacked with `np.stack` per call: the ceiling for a fused mode
+                 stacked with `np.stack` per call: a fused mode fed from the host
+  raw, device-resident   the raw loop over batches placed on the device before
+                 the timer starts: the ceiling of any input pipeline
+  raw scan K=32, device-resident   the scan over stacks placed beforehand: the
+                 ceiling for a fused mode
+  raw, one-ahead device_put   the raw loop placing each next batch with
+                 `jax.device_put` one step ahead (the H100 experiment)
+  raw, one-ahead jitted identity   the same, placing through a jitted identity
+                 (the transfer of a jitted call's argument: ciclo's prefetch)
 
 Each round runs every variant right next to a raw run (the order within the pair
 alternating between rounds) and takes the ratio within the pair; the table gives
@@ -36,6 +54,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import os
 import platform
 import time
@@ -52,6 +71,29 @@ from ciclo import managed
 
 BATCH = 32
 K = 32
+SIZES = [64, 128, 10]  # the MLP's widths; `configure` sets them per --model
+
+
+def configure(model: str, shrink: int) -> None:
+    """Sets the model's widths and batch size (`--model`, `--shrink`)."""
+    global BATCH, SIZES
+    if model == "big":
+        BATCH = 1024 // shrink
+        SIZES = [1024 // shrink, *[4096 // shrink] * 3, 10]
+    elif shrink != 1:
+        raise SystemExit("--shrink applies to --model big only")
+
+
+def big_batches(count: int = 8) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`count` generated batches `(x (BATCH, SIZES[0]) float32, y (BATCH,) int32)`."""
+    rng = np.random.default_rng(0)
+    return [
+        (
+            rng.normal(size=(BATCH, SIZES[0])).astype(np.float32),
+            rng.integers(0, SIZES[-1], BATCH).astype(np.int32),
+        )
+        for _ in range(count)
+    ]
 
 
 def digits_batches() -> list[tuple[np.ndarray, np.ndarray]]:
@@ -73,17 +115,19 @@ def stream(batches, steps):
 
 def init_params(seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    return {
-        "w1": (rng.normal(size=(64, 128)) * np.sqrt(2 / 64)).astype(np.float32),
-        "b1": np.zeros(128, np.float32),
-        "w2": (rng.normal(size=(128, 10)) * np.sqrt(1 / 128)).astype(np.float32),
-        "b2": np.zeros(10, np.float32),
-    }
+    params = {}
+    for i, (n, m) in enumerate(itertools.pairwise(SIZES), start=1):
+        scale = np.sqrt((2 if i < len(SIZES) - 1 else 1) / n)
+        params[f"w{i}"] = (rng.normal(size=(n, m)) * scale).astype(np.float32)
+        params[f"b{i}"] = np.zeros(m, np.float32)
+    return params
 
 
 def forward(params, x):
-    h = jax.nn.relu(x @ params["w1"] + params["b1"])
-    return h @ params["w2"] + params["b2"]
+    layers = len(params) // 2
+    for i in range(1, layers):
+        x = jax.nn.relu(x @ params[f"w{i}"] + params[f"b{i}"])
+    return x @ params[f"w{layers}"] + params[f"b{layers}"]
 
 
 def xent(logits, y):
@@ -107,6 +151,26 @@ def run_raw(batches, steps, _, step=raw_step):
     losses = []
     for x, y in stream(batches, steps):
         params, opt_state, loss = step(params, opt_state, x, y)
+        losses.append(loss)
+    jax.block_until_ready((params, losses))
+
+
+def run_raw_resident(batches, steps, placed):
+    """The raw loop over batches already on the device (`placed`)."""
+    return run_raw(placed, steps, None)
+
+
+def run_raw_ahead(batches, steps, _):
+    """The raw loop, each next batch placed with `jax.device_put` one step ahead."""
+    params = jax.device_put(init_params())
+    opt_state = TX.init(params)
+    losses = []
+    data = stream(batches, steps)
+    ahead = jax.device_put(next(data, None))
+    while ahead is not None:
+        x, y = ahead
+        params, opt_state, loss = raw_step(params, opt_state, x, y)
+        ahead = jax.device_put(next(data, None))
         losses.append(loss)
     jax.block_until_ready((params, losses))
 
@@ -151,6 +215,55 @@ def run_raw_scan(batches, steps, _):
     jax.block_until_ready((params, losses))
 
 
+@jax.jit
+def _identity(batch):
+    return batch
+
+
+def run_raw_ahead_jit(batches, steps, _):
+    """The raw loop, each next batch placed one step ahead by a jitted identity
+    (the implicit transfer of a jitted call: what ciclo's prefetch does)."""
+    params = jax.device_put(init_params())
+    opt_state = TX.init(params)
+    losses = []
+    data = stream(batches, steps)
+    ahead = _identity(next(data))
+    for batch in data:
+        x, y = ahead
+        params, opt_state, loss = raw_step(params, opt_state, x, y)
+        ahead = _identity(batch)
+        losses.append(loss)
+    params, opt_state, loss = raw_step(params, opt_state, *ahead)
+    losses.append(loss)
+    jax.block_until_ready((params, losses))
+
+
+def resident_stacks(batches):
+    """`K`-batch stacks of the cycled batches, on the device (one period)."""
+    period = len(batches) * K // np.gcd(len(batches), K)
+    data = stream(batches, period)
+    stacks = []
+    for _ in range(period // K):
+        group = [next(data) for _ in range(K)]
+        stacks.append(
+            jax.device_put(
+                (np.stack([x for x, _ in group]), np.stack([y for _, y in group]))
+            )
+        )
+    return stacks
+
+
+def run_raw_scan_resident(batches, steps, stacks):
+    params = jax.device_put(init_params())
+    opt_state = TX.init(params)
+    losses = []
+    for i in range(steps // K):
+        xs, ys = stacks[i % len(stacks)]
+        params, opt_state, loss = raw_scan(params, opt_state, xs, ys)
+        losses.append(loss)
+    jax.block_until_ready((params, losses))
+
+
 # -- ciclo (managed) ---------------------------------------------------------------
 def _fit(state, batch):
     x, y = batch
@@ -173,7 +286,7 @@ def run_loop(batches, steps, state):
     history.collect("loss")  # everything on the host
 
 
-def _train_loop(step):
+def _train_loop(step, **kwargs):
     def run(batches, steps, state):
         with contextlib.redirect_stdout(io.StringIO()):
             state, history, _ = ciclo.train_loop(
@@ -181,6 +294,7 @@ def _train_loop(step):
                 stream(batches, steps),
                 {ciclo.on_train_step: step},
                 callbacks=[ciclo.keras_bar(total=steps)],
+                **kwargs,
             )
             jax.block_until_ready(state)
             assert len(history.collect("loss")) == steps
@@ -190,6 +304,8 @@ def _train_loop(step):
 
 run_train_loop = _train_loop(train_step)
 run_fused = _train_loop(fused_step)
+run_train_loop_ahead = _train_loop(train_step, prefetch=1)
+run_fused_ahead = _train_loop(fused_step, prefetch=1)
 
 
 # -- Flax one-liner -----------------------------------------------------------------
@@ -199,11 +315,13 @@ def flax_state(steps_per_call=1):
     class MLP(nn.Module):
         @nn.compact
         def __call__(self, x):
-            return nn.Dense(10)(nn.relu(nn.Dense(128)(x)))
+            for width in SIZES[1:-1]:
+                x = nn.relu(nn.Dense(width)(x))
+            return nn.Dense(SIZES[-1])(x)
 
     return ciclo.create_flax_state(
         MLP(),
-        jnp.ones((1, 64)),
+        jnp.ones((1, SIZES[0])),
         TX,
         losses={"loss": lambda preds, target: xent(preds, target)},
         steps_per_call=steps_per_call,
@@ -223,9 +341,9 @@ def keras_model(steps_per_execution):
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
-            keras.Input((64,)),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10),
+            keras.Input((SIZES[0],)),
+            *[keras.layers.Dense(w, activation="relu") for w in SIZES[1:-1]],
+            keras.layers.Dense(SIZES[-1]),
         ]
     )
     model.compile(
@@ -249,27 +367,64 @@ def main():
     parser.add_argument("--steps", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None, help="variant names")
+    parser.add_argument("--model", choices=["digits", "big"], default="digits")
+    parser.add_argument(
+        "--shrink", type=int, default=1, help="divide the big model's sizes by this"
+    )
     args = parser.parse_args()
     if args.steps % K:
         parser.error(f"--steps must be a multiple of {K} (the fused variants' K)")
-    import keras
-
-    batches = digits_batches()
+    configure(args.model, args.shrink)
+    batches = digits_batches() if args.model == "digits" else big_batches()
     variants = {
         "raw jitted loop": (run_raw, lambda: None),
         "(calibration) raw + 5 us host work per step": (run_raw_busy, lambda: None),
+        "(calibration) raw, batches already on the device": (
+            run_raw_resident,
+            lambda: [jax.device_put(b) for b in batches],
+        ),
+        "(calibration) raw, next batch device_put one step ahead": (
+            run_raw_ahead,
+            lambda: None,
+        ),
+        "(calibration) raw, next batch placed one step ahead by a jitted identity": (
+            run_raw_ahead_jit,
+            lambda: None,
+        ),
         f"(calibration) raw step under a hand-written scan, K={K}": (
             run_raw_scan,
             lambda: None,
         ),
+        f"(calibration) raw scan K={K}, stacks already on the device": (
+            run_raw_scan_resident,
+            lambda: resident_stacks(batches),
+        ),
         "ciclo.loop (managed step)": (run_loop, managed_state),
         "train_loop + keras_bar + history": (run_train_loop, managed_state),
+        "train_loop + keras_bar + history, prefetch=1": (
+            run_train_loop_ahead,
+            managed_state,
+        ),
         "create_flax_state one-liner": (run_flax, flax_state),
         f"fused K={K} (train_loop + bar + history)": (run_fused, managed_state),
+        f"fused K={K}, prefetch=1": (run_fused_ahead, managed_state),
         f"create_flax_state one-liner, fused K={K}": (run_flax, lambda: flax_state(K)),
-        "Keras 3 fit, steps_per_execution=1": (run_keras, lambda: keras_model(1)),
-        f"Keras 3 fit, steps_per_execution={K}": (run_keras, lambda: keras_model(K)),
     }
+    keras = None
+    if args.model == "digits":
+        try:
+            import keras
+        except ImportError:  # e.g. a GPU machine without it: the other rows run
+            print("# keras is not installed: no Keras rows")
+    if keras is not None:
+        variants["Keras 3 fit, steps_per_execution=1"] = (
+            run_keras,
+            lambda: keras_model(1),
+        )
+        variants[f"Keras 3 fit, steps_per_execution={K}"] = (
+            run_keras,
+            lambda: keras_model(K),
+        )
     if args.only:
         variants = {
             k: v
@@ -306,10 +461,16 @@ def main():
             times[raw_name].append(t_raw)
             ratios[name].append(t_raw / t_variant)
     ratios[raw_name] = [1.0]
+    device = jax.devices()[0]
+    model = f"MLP {'-'.join(map(str, SIZES))}, batch {BATCH}" + (
+        f" (big / {args.shrink})" if args.model == "big" and args.shrink > 1 else ""
+    )
     print(
         f"# {platform.node()} | {platform.processor() or platform.machine()} | "
-        f"{os.cpu_count()} cpus | jax {jax.__version__} ({jax.devices()[0].platform}) | "
-        f"keras {keras.__version__} | {time.strftime('%Y-%m-%d')} | "
+        f"{os.cpu_count()} cpus | device: {device.device_kind} "
+        f"({device.platform}, {jax.device_count()} devices) | jax {jax.__version__}"
+        + (f" | keras {keras.__version__}" if keras is not None else "")
+        + f" | {time.strftime('%Y-%m-%d %H:%M')} | {model} | "
         f"{args.steps} steps x {args.rounds} rounds, each paired with a raw run"
     )
     print()

@@ -34,7 +34,7 @@ from ciclo._schedules import always as always
 from ciclo._schedules import every as every
 from ciclo._schedules import never as never
 from ciclo._schedules import piecewise as piecewise
-from ciclo._loop import LoopState as LoopState
+from ciclo._loop_state import LoopState as LoopState
 from ciclo._loop import loop as loop
 from ciclo._fused import fuse as fuse
 from ciclo._schedules.named import NamedSchedule as NamedSchedule
@@ -64,9 +64,9 @@ from ciclo._schedules.named import on_validation_begin as on_validation_begin
 from ciclo._schedules.named import on_validation_end as on_validation_end
 from ciclo._schedules.named import on_validation_step as on_validation_step
 from ciclo._iterate import iterate as iterate
-from ciclo._loops.predefined import predict_loop as predict_loop
-from ciclo._loops.predefined import test_loop as test_loop
-from ciclo._loops.predefined import train_loop as train_loop
+from ciclo._loops.evaluate import predict_loop as predict_loop
+from ciclo._loops.evaluate import test_loop as test_loop
+from ciclo._loops.train import train_loop as train_loop
 from ciclo import callbacks as callbacks
 from ciclo.callbacks._early_stopping import early_stopping as early_stopping
 from ciclo.callbacks._inner_loop import inner_loop as inner_loop
@@ -85,7 +85,7 @@ _LAZY = {
     "keras_bar": ("ciclo.callbacks._keras_bar", "keras_bar", "bars"),
     "tqdm_bar": ("ciclo.callbacks._tqdm_bar", "tqdm_bar", "bars"),
     "checkpoint": ("ciclo.callbacks._checkpoint", "checkpoint", "checkpoint"),
-    "restore": ("ciclo.callbacks._checkpoint", "restore", "checkpoint"),
+    "restore": ("ciclo.callbacks._restore", "restore", "checkpoint"),
     "managed": ("ciclo.managed", None, "flax"),
     "Strategy": ("ciclo._strategies", "Strategy", "flax"),
     "register_strategy": ("ciclo._strategies", "register_strategy", "flax"),

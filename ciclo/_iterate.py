@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ciclo._logs import Logs
-from ciclo._loops.predefined import train_loop
 from ciclo._loops.register import as_list
+from ciclo._loops.train import train_loop
 from ciclo._time import Elapsed
 
 

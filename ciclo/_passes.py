@@ -103,7 +103,9 @@ class Passes:
         """Reads every pass, the rest of the current one included, through
         `each_pass` (e.g. `fuse`, grouping batches into calls within a pass)."""
         if self._iterator is not None:
-            rest = itertools.chain(reversed(self._ahead), self._iterator)
+            rest = self._iterator  # itself when nothing was read ahead (its state)
+            if self._ahead:
+                rest = itertools.chain(reversed(self._ahead), rest)
             self._iterator, self._ahead = each_pass(rest), []
         next_pass = self._next_pass
         self._next_pass = lambda: each_pass(next_pass())

@@ -16,8 +16,10 @@ import jax.numpy as jnp
 import pytest
 
 import ciclo
-from ciclo import _batch, _columns, _history, _loop, _time, _transfer
+from ciclo import _batch, _columns, _history, _time, _transfer
 from ciclo._logs import Logs
+from ciclo._loop_state import Apply, LoopState
+from ciclo._run import Run
 
 ALWAYS = ciclo.every(1)
 BATCHES = 6
@@ -41,9 +43,9 @@ WATCHED = {
         _transfer.Transfer.ready,
         _transfer.Transfer.result,
         _columns.Column.extend,
-        _loop._Run.batches,
-        _loop._Apply.__call__,
-        _loop.LoopState.accumulated_logs.fget,
+        Run.batches,
+        Apply.__call__,
+        LoopState.accumulated_logs.fget,
         Logs.merge,
         Logs.add_entry,
         _time.Elapsed.update,
@@ -105,7 +107,7 @@ def _tasks(value):
 
 def _run(value, at, history=None, elapsed=None):
     start = 0 if elapsed is None else elapsed.steps
-    with _Interrupt(at, _loop._Run.batches.__code__) as trace:
+    with _Interrupt(at, Run.batches.__code__) as trace:
         state, history, elapsed = ciclo.loop(
             start,
             list(range(start, BATCHES)),

@@ -157,7 +157,7 @@ def create_flax_state(
         (['aux'], ['avg_aux'])
     """
 
-    from ciclo.managed._steps import check_fused
+    from ciclo.managed._fused_steps import check_fused
 
     check_fused(steps_per_call, fused_logs, "create_flax_state")
     state = _create(

@@ -12,10 +12,11 @@ import optax
 from flax import linen as nn
 from flax import traverse_util
 
+from ciclo._flax.adapter import Forward, sown_names
 from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
 from ciclo._flax.partitioning import linen_annotations
-from ciclo._flax.state import FlaxState, Forward, new_state, sown_names
+from ciclo._flax.state import FlaxState, new_state
 
 __all__ = ["LinenModel", "create_linen_state"]
 

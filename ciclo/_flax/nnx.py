@@ -18,10 +18,11 @@ import jax
 import optax
 from flax import nnx
 
+from ciclo._flax.adapter import Forward, sown_names
 from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
 from ciclo._flax.partitioning import nnx_annotations
-from ciclo._flax.state import FlaxState, Forward, new_state, sown_names
+from ciclo._flax.state import FlaxState, new_state
 from ciclo._strategies.base import tree_is_key
 
 __all__ = ["LOSSES", "METRICS", "NNXModel", "create_nnx_state"]

@@ -4,44 +4,28 @@ The steps are managed steps (`ciclo.managed`), so they run under the state's
 strategy; as methods of the class they self-register in `ciclo.train_loop`,
 `test_loop` and `predict_loop`, and `logs, state = state.train_step(batch)` works by
 hand. What differs between Flax Linen and Flax NNX lives in the model adapter
-(`ciclo._flax.linen.LinenModel`, `ciclo._flax.nnx.NNXModel`) held in `state.config`.
+(`ciclo._flax.linen.LinenModel`, `ciclo._flax.nnx.NNXModel`; their interface is
+`ciclo._flax.adapter`) held in `state.config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from typing import Any, NamedTuple, Protocol
+import weakref
+from typing import Any
 
 import jax
 from flax import struct
 
 from ciclo import managed
+from ciclo._flax.adapter import Forward, ModelAdapter
 from ciclo._flax.batch import unpack_batch
 from ciclo._flax.objectives import RESERVED, Objectives
 from ciclo._logs import Logs
 from ciclo._strategies.registry import get_strategy
-from ciclo.managed._steps import grad_logs
+from ciclo.managed._step_logs import grad_logs
 
-__all__ = ["FlaxConfig", "FlaxState", "Forward", "sown_names"]
-
-
-class Forward(NamedTuple):
-    """What a model adapter's `apply` returns for one batch."""
-
-    preds: Any
-    batch_stats: Any
-    collections: Any
-    sown_losses: dict[str, Any]
-    sown_metrics: dict[str, Any]
-
-
-class ModelAdapter(Protocol):
-    def apply(
-        self, state: Any, inputs: Any, *, training: bool, key: Any
-    ) -> Forward: ...
-
-    def bind(self, state: Any) -> Any: ...
+__all__ = ["FlaxConfig", "FlaxState", "new_state"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -164,6 +148,10 @@ def _grads(grads: Any, state: FlaxState) -> Logs:
     return grad_logs(grads, state, config.log_grad_norm, config.grads_fn)
 
 
+# FlaxConfig -> the empty metric states, on the host (numpy), for `reset_step`
+_EMPTY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class FlaxState(managed.ManagedState):
     """A managed state for a Flax Linen or NNX model, its losses and metrics.
 
@@ -220,7 +208,10 @@ class FlaxState(managed.ManagedState):
             0
         """
         strategy = get_strategy(self.strategy)
-        empty = self.config.objectives.empty_states()
+        empty = _EMPTY.get(self.config)
+        if empty is None:  # built once, kept on the host: no device op per reset
+            empty = jax.device_get(self.config.objectives.empty_states())
+            _EMPTY[self.config] = empty
         return self.replace(metric_states=strategy.place_state(empty))
 
     @property
@@ -252,57 +243,6 @@ class FlaxState(managed.ManagedState):
         return self.config.model.bind(self)
 
 
-class _Variables(NamedTuple):
-    """What a model adapter's `apply` reads of a `FlaxState` (for `sown_names`)."""
-
-    params: Any
-    batch_stats: Any
-    collections: Any
-
-
-def sown_names(
-    model: ModelAdapter,
-    inputs: Any,
-    key: Any,
-    *,
-    params: Any,
-    batch_stats: Any,
-    collections: Any,
-    modes: tuple[bool, ...] = (True,),
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The names of the losses and metrics `model` sows when a step runs on
-    `inputs`, in training (`modes=(True,)`) and/or evaluation mode.
-
-    The forward is traced abstractly (`jax.eval_shape`: shapes only, no FLOPs)
-    with the arguments `train_step` / `test_step` give `model.apply`. If it cannot
-    be traced, a `UserWarning` says so and `((), ())` is returned.
-
-    Returns:
-        `(loss names, metric names)`, each in the order first sown.
-    """
-
-    def forward(variables, inputs, key):
-        outs = [model.apply(variables, inputs, training=t, key=key) for t in modes]
-        return [(dict(o.sown_losses), dict(o.sown_metrics)) for o in outs]
-
-    variables = _Variables(params, batch_stats, collections)
-    try:
-        outs = jax.eval_shape(forward, variables, inputs, key)
-    except Exception as error:  # the train step reports it, if it recurs there
-        message = str(error).strip().splitlines()
-        warnings.warn(
-            f"create_flax_state: could not trace a step of the module on `inputs` "
-            f"({type(error).__name__}: {message[0] if message else ''}), so the "
-            f"losses it sows in that step get no `avg_<name>` running mean. Pass "
-            f"sample `inputs` that the model accepts.",
-            stacklevel=5,  # create_flax_state's caller
-        )
-        return (), ()
-    losses = tuple(dict.fromkeys(n for out in outs for n in out[0]))
-    metrics = tuple(dict.fromkeys(n for out in outs for n in out[1]))
-    return losses, metrics
-
-
 def new_state(
     model: Any,
     objectives: Objectives,
@@ -320,6 +260,5 @@ def new_state(
         log_grad_norm=log_grad_norm,
         grads_fn=grads_fn,
     )
-    return FlaxState.create(
-        metric_states=objectives.empty_states(), config=config, **fields
-    )
+    empty = _EMPTY[config] = jax.device_get(objectives.empty_states())
+    return FlaxState.create(metric_states=empty, config=config, **fields)

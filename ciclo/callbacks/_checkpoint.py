@@ -1,147 +1,39 @@
-"""`checkpoint` and `restore`: save the state and its `Elapsed` with orbax-checkpoint.
+"""`ciclo.checkpoint`: save the state and its `Elapsed` with orbax-checkpoint.
 
 Each checkpoint is an orbax step directory named by `elapsed.steps` — the batches
-already trained INTO the saved state — holding two items: `state` (the pytree, via
-`StandardSave`) and `elapsed` (JSON). Saves are asynchronous (orbax writes in the
-background) and are finished before the loop returns.
+already trained INTO the saved state — holding the state, its `elapsed` and the
+run's history up to it (`_orbax`, `_history_item`). Saves are asynchronous (orbax
+writes in the background) and are finished before the loop returns.
 
-Retention: without `monitor`, the `keep` latest checkpoints. With `monitor`, the
-`keep` best by that metric AND the latest one (orbax's `best_fn` with `max_to_keep`
-alone would delete the newest when it is not among the best, and a resume would go
-back silently), combined as `AnyPreservationPolicy([LatestN(1), BestRanked(keep)])`.
-Among equal values the earliest checkpoint is the better one, as in Keras and
-Lightning (only a strict improvement replaces the best).
-
-A directory is one timeline: saving step `s` first deletes checkpoints at steps
-`>= s` left there by an earlier run (with a warning), then saves; earlier steps are
-kept and take part in retention, so a resumed run continues its directory. A
-directory holding a step folder ciclo did not write (no `elapsed` item, e.g.
-`7/weights.bin`) is refused with a ValueError before anything in it is read or
-deleted.
-
-A managed state (`ManagedState`, `FlaxState`) is saved in its single-device host
-layout and restored into the target's strategy, so a checkpoint saved under one
-strategy or device count restores under any other.
+This module holds the public class: its arguments and what a save by hand
+records. The rest is in its bases and neighbours: writing and reading the
+directory (`_saver`: lock, manager, timeline, faults), its part in a loop
+(`_checkpoint_loop`), which checkpoints are kept (`_ranking`), the state's saved
+layout (`_state_layout`), reading back (`_restore`, `_read`), and the saves
+pending at interpreter exit (`_pending`).
 """
 
 from __future__ import annotations
 
-import atexit
-import math
 import os
-import sys
-import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import orbax.checkpoint as ocp
-from orbax.checkpoint import checkpoint_managers as policies
 
 from ciclo._history import History
-from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed, batch_size
-from ciclo._transfer import explicit
 from ciclo.callbacks import _orbax
+from ciclo.callbacks._checkpoint_loop import LoopCheckpoint
+from ciclo.callbacks._history_item import history_json
 from ciclo.callbacks._monitor import Monitor
+from ciclo.callbacks._state_layout import as_items
 
-__all__ = ["checkpoint", "restore"]
-
-# The checkpoints of this process whose orbax manager is open (saves may be pending),
-# by id; strong references, so a callback dropped by the user still finishes.
-_OPEN: dict[int, checkpoint] = {}
-_exit_hook = False
+__all__ = ["checkpoint", "resuming"]
 
 
-def _track(ckpt: checkpoint) -> None:
-    """Remembers `ckpt` until it is closed; at normal interpreter exit its pending
-    saves are finished before Python refuses new threads (orbax needs them)."""
-    global _exit_hook
-    _OPEN[id(ckpt)] = ckpt
-    if not _exit_hook:
-        _exit_hook = True
-        try:  # runs before concurrent.futures shuts its executors down
-            threading._register_atexit(_finish_pending)  # type: ignore[attr-defined]
-        except (AttributeError, RuntimeError):
-            atexit.register(_finish_pending)
-
-
-def _finish_pending() -> None:
-    """Finishes every pending save at interpreter exit, quietly (one line on error)."""
-    for ckpt in list(_OPEN.values()):
-        try:
-            ckpt.close()
-        except BaseException as error:  # exit must go on
-            _OPEN.pop(id(ckpt), None)
-            print(
-                f"ciclo.checkpoint: a save to {ckpt.directory} did not finish at "
-                f"exit: {type(error).__name__}: {error}",
-                file=sys.stderr,
-            )
-
-
-def _wait_for(directory: Any) -> None:
-    """Waits for this process's pending saves to `directory`."""
-    for ckpt in list(_OPEN.values()):
-        if ckpt.directory == directory:
-            ckpt.wait()
-
-
-def restore(
-    directory: str | os.PathLike,
-    target_state: Any = None,
-    *,
-    best: bool = False,
-    step: int | None = None,
-) -> tuple[Any, Elapsed]:
-    """Restores `(state, elapsed)` from a directory written by `ciclo.checkpoint`.
-
-    The restored `Elapsed` counts the batches already trained into the state, so
-    `ciclo.train_loop(state, data_from(elapsed.steps), elapsed=elapsed, ...)` resumes
-    with the next unseen batch.
-
-    Args:
-        directory: the checkpoint directory.
-        target_state: a state with the structure, dtypes and shardings to restore
-            into (e.g. a freshly initialised one); None returns orbax's raw pytree.
-            A managed state is restored under its own strategy, whatever the
-            strategy and device count the checkpoint was saved with.
-        best: restore the best checkpoint by the monitored metric instead of the
-            latest (the default, which is what resuming needs).
-        step: restore this step instead.
-
-    Returns:
-        `(state, elapsed)`.
-
-    Raises:
-        ValueError: if there is no checkpoint, no such step, `best=True` and the
-            checkpoints were saved without `monitor`, the directory holds step
-            folders ciclo did not write, or `target_state` does not have the
-            structure or shapes of the saved state (the message names the
-            differing paths).
-
-    Example:
-        >>> import tempfile, jax.numpy as jnp, ciclo
-        >>> directory = tempfile.mkdtemp()
-        >>> ckpt = ciclo.checkpoint(directory)
-        >>> ckpt(ciclo.Elapsed.create(steps=4), {"w": jnp.ones(2)})
-        >>> ckpt.close()
-        >>> state, elapsed = ciclo.restore(directory, {"w": jnp.zeros(2)})
-        >>> state["w"].tolist(), elapsed.steps
-        ([1.0, 1.0], 5)
-    """
-    path = _orbax.path(directory)
-    _wait_for(path)
-    if not path.exists():
-        raise ValueError(f"No checkpoint directory {path}.")
-    manager = _orbax.manager(path, create=False, enable_async_checkpointing=False)
-    try:
-        return _orbax.restore_from(manager, target_state, best, step)
-    finally:
-        manager.close()
-
-
-class checkpoint:
+class checkpoint(LoopCheckpoint):
     """Saves the state and its `Elapsed` with orbax-checkpoint at each call.
 
     In `ciclo.train_loop(callbacks=[...])` it runs on `on_epoch_end`; in `ciclo.loop`
@@ -174,6 +66,9 @@ class checkpoint:
             factory `dataset(start_step)` is called with it, a plain iterable is
             advanced past the consumed batches (with a warning). With no complete
             checkpoint there (none, or only one killed mid-write), start fresh.
+            Newer checkpoints that do not read back whole (damaged files) are
+            skipped with a warning; if none reads back, a ValueError (never a
+            silent fresh start).
         items: save only these fields of the state (attribute names of a
             dataclass / Flax struct such as `"params"`, or keys of a dict), e.g.
             `items=["params", "batch_stats"]` to leave the optimizer state out.
@@ -196,6 +91,13 @@ class checkpoint:
             not a name or a list of names.
         ValueError: if `keep < 1` or `mode` is not "min"/"max"; at a save, if the
             monitored metric was not logged (the message lists what was).
+        RuntimeError: when a loop starts with it, or at a save by hand, if another
+            live run holds the directory (its lock file `ciclo.lock` names the
+            host, pid and start time; a dead run's lock is taken over with a
+            warning). The lock is released when the loop ends or at `close()`.
+        OSError: (errno ENOSPC) at a save, when the disk is full: one error
+            naming the directory, the step not saved and the previous checkpoint,
+            which is intact (the partial files are removed).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, ciclo
@@ -239,7 +141,7 @@ class checkpoint:
         resume: bool = False,
         items: str | list[str] | tuple[str, ...] | None = None,
     ):
-        self.items = _orbax.as_items(items)
+        self.items = as_items(items)
         if isinstance(keep, bool) or not isinstance(keep, int):
             raise TypeError(f"`keep` must be an int, got {keep!r}.")
         if keep < 1:
@@ -267,6 +169,9 @@ class checkpoint:
         self._saved: set[int] = set()
         self._unranked = self._fresh = False  # this loop's saves, with monitor
         self._returned: Elapsed | None = None  # what the last loop it ran in returned
+        self._locked = False  # holds the directory's lock (one run per directory)
+        self._pending: int | None = None  # the step of a save not known written yet
+        self._skipped: set[int] = set()  # steps the resume skipped as unreadable
 
     # -- registration -----------------------------------------------------------
     @property
@@ -360,209 +265,8 @@ class checkpoint:
             uncommitted = logs and not (steps and steps[-1] == elapsed.steps)
             if consumed:  # the step's row is committed before a loop returns
                 uncommitted = False
-            rows = _orbax.history_json(
-                history, (elapsed, logs) if uncommitted else None
-            )
+            rows = history_json(history, (elapsed, logs) if uncommitted else None)
         self._save(elapsed if consumed else elapsed.update(size), state, value, rows)
-
-    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
-        elapsed = loop_state.elapsed_after
-        value = None
-        if self.monitor is not None:  # ranked only by a value logged this step
-            if _orbax.logged(loop_state.logs, self.monitor.name):
-                value = self.monitor.read(loop_state.logs)
-                self._fresh = True
-            else:  # saved unranked; checked at the loop's end that it was logged
-                self._unranked = True
-        # the history so far, this step's logs included (committed after the batch)
-        rows = _orbax.history_json(
-            loop_state.history, (loop_state.elapsed, loop_state.logs)
-        )
-        data = loop_state.data_state()  # where a checkpointable iterator is
-        self._save(elapsed, loop_state.state, value, rows, data)
-        return None, None
-
-    def __loop_resume__(
-        self, state: Any, history: History | None, elapsed: Elapsed | None
-    ) -> tuple[Any, ...] | None:
-        """With `resume=True`, before the first loop it is given to: the state,
-        history and elapsed of the latest complete checkpoint (and the saved
-        position of a checkpointable data iterator, when there is one), or None
-        (start fresh) when the directory holds none."""
-        if not self._resume_pending:
-            return None
-        self._resume_pending = False
-        if not self.directory.exists():
-            return None
-        manager = self._open()
-        if not manager.all_steps():
-            return None
-        state, elapsed, history, data = _orbax.restore_from(
-            manager, state, False, None, with_history=True
-        )
-        if data is None:
-            return state, history, elapsed
-        return state, history, elapsed, data  # + the data iterator's position
-
-    def __loop_end__(self, loop_state: Any) -> None:
-        """Waits for the background saves (called once when the loop ends); with
-        `monitor`, raises if the monitored entry was never logged in the loop.
-
-        When the loop is ending because of an exception (a callback's error, an
-        uncaught Ctrl-C), that exception is the one that propagates: the pending
-        saves are finished, a save that failed is only warned about, and the
-        monitored entry is not checked."""
-        # the loop returns this very object: recognised if passed back by hand
-        self._returned = loop_state.elapsed_after
-        unranked, fresh = self._unranked, self._fresh
-        self._unranked = self._fresh = False
-        failing = getattr(loop_state, "error", None)  # the loop's own error
-        if failing is None:
-            self.close()
-            if unranked and not fresh and self.monitor is not None:
-                self.monitor.find(loop_state.accumulated_logs)  # names what was logged
-            return
-        try:
-            self.close()
-        except Exception as error:  # the loop's own error goes on, not this one
-            warnings.warn(
-                f"ciclo.checkpoint: a pending save to {self.directory} failed while "
-                f"the loop was ending with {type(failing).__name__}: "
-                f"{type(error).__name__}: {error}",
-                stacklevel=2,
-            )
-
-    def _save(
-        self,
-        elapsed: Elapsed,
-        state: Any,
-        value: float | None,
-        history: dict[str, Any] | None = None,
-        data: Any = None,
-    ) -> None:
-        self._resume_pending = False  # this run has its own timeline now
-        for other in list(_OPEN.values()):
-            if other is not self and other.directory == self.directory and other._saved:
-                raise ValueError(
-                    f"Two ciclo.checkpoint writers save to {self.directory}: their "
-                    f"saves would collide. Use one checkpoint per directory (with "
-                    f"train_loop(resume=...), the checkpoint in `callbacks` for that "
-                    f"directory is the one that resumes), or give each its own "
-                    f"directory."
-                )
-        manager = self._open()
-        step = int(elapsed.steps)
-        stale = [s for s in manager.all_steps() if s >= step]
-        if stale:
-            manager.wait_until_finished()
-            _orbax.check_layout(manager, stale)  # never delete what is not ours
-            foreign = [s for s in stale if s not in self._saved]
-            if foreign:
-                warnings.warn(
-                    f"ciclo.checkpoint: {self.directory} has checkpoints at steps "
-                    f"{foreign} from an earlier run, not before this save at step "
-                    f"{step}; deleting them (one directory is one timeline). Use a "
-                    f"new directory to keep them.",
-                    stacklevel=3,
-                )
-            for s in stale:
-                manager.delete(s)
-        metrics = None
-        if self.monitor is not None:  # unranked (no value): no score
-            metrics = {"monitor": self.monitor.name, "mode": self.monitor.mode}
-            if value is not None:
-                metrics.update(score=self.monitor.score(value), value=value)
-        with explicit():  # a deliberate fetch: allowed under transfer_guard("disallow")
-            state = _orbax.select(_orbax.host_layout(state), self.items)
-        wrapped = _orbax.is_leaf(state)
-        saved = _orbax.elapsed_json(elapsed, wrapped)
-        if self.items is not None:
-            saved["items"] = list(self.items)
-        if data is not None:
-            saved["data"] = data_state_to_json(data)
-        items = {
-            "state": ocp.args.StandardSave([state] if wrapped else state),
-            "elapsed": ocp.args.JsonSave(saved),
-        }
-        if history is not None:
-            items["history"] = ocp.args.JsonSave(history)
-        with explicit():  # orbax starts its device-to-host copies here
-            manager.save(
-                step,
-                args=ocp.args.Composite(**items),
-                metrics=metrics,
-                force=True,
-            )
-        self._saved.add(step)
-
-    def _open(self) -> ocp.CheckpointManager:
-        if self._manager is None:
-            if self.monitor is None:
-                policy = policies.LatestN(n=self.keep)
-            else:
-                policy = policies.AnyPreservationPolicy(
-                    [policies.LatestN(n=1), _orbax.BestRanked(n=self.keep)]
-                )
-            manager = _orbax.manager(
-                self.directory,
-                preservation_policy=policy,
-                # best_fn makes orbax write the metrics; retention is `policy`.
-                best_fn=None if self.monitor is None else _orbax.score,
-                best_mode="max",
-                enable_async_checkpointing=self.async_save,
-            )
-            try:  # before retention or a timeline cut could delete them
-                _orbax.check_layout(manager)
-            except BaseException:
-                manager.close()
-                raise
-            self._manager = manager
-            _track(self)
-        return self._manager
-
-    # -- waiting, reading, restoring -----------------------------------------------
-    def wait(self) -> None:
-        """Blocks until the background saves are written (re-raises their errors)."""
-        if self._manager is not None:
-            self._manager.wait_until_finished()
-
-    def close(self) -> None:
-        """Waits for the saves and releases orbax's resources (reopened on use)."""
-        if self._manager is not None:
-            manager, self._manager = self._manager, None
-            try:
-                manager.close()
-            finally:
-                _OPEN.pop(id(self), None)
-
-    def steps(self) -> list[int]:
-        """The steps of the checkpoints in the directory (after pending saves)."""
-        self.wait()
-        return list(self._open().all_steps())
-
-    def latest_step(self) -> int | None:
-        """The step of the latest checkpoint, or None."""
-        steps = self.steps()
-        return steps[-1] if steps else None
-
-    def best_step(self) -> int | None:
-        """The step of the best checkpoint by `monitor` (the latest without it)."""
-        steps = self.steps()
-        if self.monitor is None or not steps:
-            return steps[-1] if steps else None
-        manager = self._open()
-        scored = [s for s in steps if _orbax.score(manager.metrics(s)) > -math.inf]
-        if not scored:
-            return steps[-1]
-        return max(scored, key=lambda s: _orbax.best_key(s, manager.metrics(s)))
-
-    def restore(
-        self, target_state: Any = None, *, best: bool = False, step: int | None = None
-    ) -> tuple[Any, Elapsed]:
-        """Restores `(state, elapsed)`: the latest checkpoint, or with `best=True`
-        the best by `monitor`. See `ciclo.restore`."""
-        self.wait()
-        return _orbax.restore_from(self._open(), target_state, best, step)
 
 
 def resuming(callbacks: list[Any], directory: str | os.PathLike) -> list[Any]:

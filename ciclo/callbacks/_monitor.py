@@ -19,7 +19,7 @@ import numpy as np
 from ciclo._locate import locate
 from ciclo._logs import Logs
 
-__all__ = ["MODES", "Monitor", "as_logs"]
+__all__ = ["MODES", "Monitor", "as_logs", "logged"]
 
 MODES = ("min", "max")
 
@@ -199,3 +199,11 @@ def as_logs(logs: Any) -> Logs | None:
     if logs is None or isinstance(logs, Logs):
         return logs
     return Logs(logs)
+
+
+def logged(logs: Any, name: str) -> bool:
+    """Whether the entry `name` (bare or `collection.name`) is in `logs`."""
+    if not logs:
+        return False
+    pairs = [(c, n) for c, values in logs.items() for n in values]
+    return locate(pairs, name, "the monitored logs") is not None

@@ -122,7 +122,7 @@ class wandb_logger(Writer):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "w") as file:
                     json.dump({"id": run_id}, file)
-        waits = [0.5, 1, 2, 4, 8, 15]  # seconds, about 30 in all
+        waits = [0.5, 1, 2, 4, 8, 15, 30]  # seconds, about a minute in all
         while True:
             try:
                 return self._wandb.init(**kwargs)

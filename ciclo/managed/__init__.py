@@ -17,8 +17,8 @@ Example:
     3
 """
 
+from ciclo.managed._managed_step import ManagedStep as ManagedStep
 from ciclo.managed._state import ManagedState as ManagedState
-from ciclo.managed._steps import ManagedStep as ManagedStep
 from ciclo.managed._steps import step as step
 from ciclo.managed._steps import train_step as train_step
 

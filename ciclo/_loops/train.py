@@ -1,5 +1,5 @@
-"""`train_loop`, `test_loop`, `predict_loop`: a table of named schedules compiled to
-an ordinary task dict, then one `ciclo.loop` call.
+"""`train_loop`: the table of named schedules `tables.TRAIN` compiled to an
+ordinary task dict (`ciclo._loops.assemble`), then one `ciclo.loop` call.
 
 The whole per-batch order of `train_loop`, from `tables.TRAIN`:
 
@@ -30,113 +30,19 @@ from typing import Any
 from ciclo._fused import check_steps, declared_steps, fuse_passes
 from ciclo._history import History
 from ciclo._loop import EmptyDataWarning, loop
-from ciclo._loops.register import Gated, as_list, register
-from ciclo._loops.tables import (
-    EPOCH_LOGS,
-    EPOCH_SUM,
-    NESTED,
-    PREDICT,
-    TASKS,
-    TEST,
-    TRAIN,
-    Table,
-)
+from ciclo._loops.assemble import compile_table, run_table
+from ciclo._loops.register import as_list, register
+from ciclo._loops.tables import EPOCH_LOGS, EPOCH_SUM, NESTED, TRAIN
 from ciclo._passes import train_data
+from ciclo._prefetch import check_prefetch, prefetch_passes
 from ciclo._resume import prepare
 from ciclo._schedules.epoch import EpochEnd, epochs_end
-from ciclo._schedules.named import (
-    Place,
-    aliases_of,
-    on_train_step,
-)
+from ciclo._schedules.named import on_train_step
 from ciclo._time import Elapsed, Period, as_period
 from ciclo.callbacks._epoch_logs import EpochLogs
 from ciclo.callbacks._test_loops import test_loops
 
-
-def _keys(name, callbacks, **where) -> list[tuple[Place, list[Any]]]:
-    """A named schedule's callbacks as task-dict entries, in their order: the runs
-    of plain callbacks, and each `When` key's callbacks behind their gate."""
-    entries, plain = [], []
-    for callback in callbacks:
-        if isinstance(callback, Gated):
-            if plain:
-                entries.append((Place(name, **where), plain))
-                plain = []
-            entries.append(
-                (Place(name, when=callback.when, **where), callback.callbacks)
-            )
-        else:
-            plain.append(callback)
-    if plain:
-        entries.append((Place(name, **where), plain))
-    return entries
-
-
-def _compile(table: Table, named, ordinary, epoch=None, builtin=None):
-    """The table laid out as `ciclo.loop` arguments: (tasks, on_start, on_end).
-    `builtin` holds the callbacks of the loop's own places (`NESTED`, ...)."""
-    callbacks = {**named, **(builtin or {})}
-    tasks: dict[Any, Any] = {}
-    begins = [n for n in table.epoch_begin if callbacks[n]]
-    for name in begins:
-        tasks.update(_keys(name, callbacks[name], epoch=epoch, begin=True))
-    for name in table.batch:
-        if name == TASKS:
-            tasks.update((k, v) for k, v in ordinary if as_list(v))
-        else:
-            tasks.update(_keys(name, callbacks.get(name, [])))
-    for name in table.epoch:
-        tasks.update(_keys(name, callbacks.get(name, []), epoch=epoch))
-    if begins:  # the epoch end is decided on every batch
-        tasks[Place("<epoch end>", epoch)] = []
-    for name in table.batch_end:
-        tasks.update(_keys(name, callbacks[name]))
-    ends = [(n, cb) for n in (*table.start, *table.end) for cb in callbacks[n]]
-    for name, callback in ends:
-        if isinstance(callback, Gated):
-            raise TypeError(
-                f"{table.loop}: {callback.when!r} gates `{name}`, which runs once; "
-                f"only the per-batch named schedules (e.g. ciclo.on_epoch_end) can be "
-                f"combined with a schedule. Use `{name}` alone."
-            )
-    on_start = [cb for name in table.start for cb in callbacks[name]]
-    on_end = [cb for name in table.end for cb in callbacks[name]]
-    return tasks, on_start, on_end
-
-
-def _run(table: Table, state, dataset, named, ordinary, **loop_kwargs):
-    per_batch = (n for n in (*table.batch, *table.batch_end) if n != TASKS)
-    if not ordinary and not any(named[n] for n in per_batch):
-        step = aliases_of(table.step)[-1]
-        raise ValueError(
-            f"{table.loop}: nothing runs on `{table.step}` (nor on any other "
-            f"per-batch schedule), so the loop would do nothing: give the state a "
-            f"`{step}` method or pass "
-            f"tasks={{ciclo.{table.step}: [{step}]}}."
-        )
-    tasks, on_start, on_end = _compile(table, named, ordinary)
-    with warnings.catch_warnings():  # each predefined loop says it its own way
-        warnings.simplefilter("ignore", EmptyDataWarning)
-        return loop(
-            state, dataset, tasks, on_start=on_start, on_end=on_end, **loop_kwargs
-        )
-
-
-def _warn_if_empty(where: str, result: Any, loop_kwargs: Mapping[str, Any]) -> None:
-    """Warns when a test/predict loop ran no batch (its stop not already reached)."""
-    start = loop_kwargs.get("elapsed") or Elapsed.create()
-    stop = loop_kwargs.get("stop")
-    if result[2].steps != start.steps or (
-        stop is not None and as_period(stop, "stop").reached(start)
-    ):
-        return
-    warnings.warn(
-        f"{where}: `dataset` yielded no batch (starting at step {start.steps}), so "
-        f"there is nothing in the history. Expected at least one batch: check that "
-        f"it is not an exhausted iterator or generator, or an empty list.",
-        stacklevel=3,
-    )
+__all__ = ["train_loop"]
 
 
 def train_loop(
@@ -163,6 +69,7 @@ def train_loop(
     inner_loop_kwargs: Mapping[str, Any] | None = None,
     resume: str | os.PathLike | None = None,
     steps_per_call: int | None = None,
+    prefetch: int | None = None,
 ) -> tuple[Any, History, Elapsed]:
     """Trains with named schedules, evaluating on `test_dataset` at each epoch end.
 
@@ -221,9 +128,15 @@ def train_loop(
         resume: a checkpoint directory: shorthand for adding
             `ciclo.checkpoint(resume, resume=True)` to `callbacks` (saves at each
             epoch end; starts from its latest complete checkpoint, if any, with the
-            state, history, elapsed and data position restored).
+            state, history, elapsed and data position restored; newer ones that
+            do not read back whole are skipped with a warning, and none reading
+            back is an error; the directory is locked against a second run).
         steps_per_call: run this many train steps per compiled call (see
             `ciclo.fuse`); default: what the train step declares, else 1.
+        prefetch: the batches (fused calls) read and placed on the device with
+            the state's strategy ahead of the train step, for a managed or Flax
+            state (see `ciclo.loop`; 0: off; None: automatic). Read ahead within
+            each pass, so epoch ends and data positions are as without it.
 
     Raises:
         ValueError: for an unknown named schedule, `test_dataset` with nothing on
@@ -255,6 +168,7 @@ def train_loop(
         from ciclo.callbacks._checkpoint import resuming
 
         callbacks = resuming(as_list(callbacks), resume)
+    check_prefetch(prefetch, "train_loop")
     named, ordinary = register(TRAIN, state, tasks, callbacks)
     state, history, elapsed, start_at = prepare(
         [*(tasks or {}).values(), *as_list(callbacks)], state, history, elapsed
@@ -273,6 +187,7 @@ def train_loop(
         steps_per_call = declared_steps(train_callbacks, state) or 1
     if check_steps(steps_per_call, "train_loop") > 1:
         fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
+    closer = prefetch_passes(data, state, prefetch, stop_at, start)
     finite = epochs is None or epoch_duration is None  # the data can end an epoch
     epoch = EpochEnd(
         epoch_duration, stop_at, start, data.exhausted if finite else None,
@@ -281,7 +196,7 @@ def train_loop(
     builtin: dict[str, list[Any]] = {}
     if test_dataset is not None:
         builtin[NESTED] = test_loops(
-            _run, named, test_dataset, test_duration, test_name, test_every,
+            run_table, named, test_dataset, test_duration, test_name, test_every,
             inner_loop_kwargs, dict(metadata=metadata, batch_size_fn=batch_size_fn),
         )  # fmt: skip
     elif test_every is not None:
@@ -292,7 +207,9 @@ def train_loop(
     if epoch_logs is not False and epoch_logs is not None:
         aggregates = EpochLogs(epoch_logs)  # validates the spec
         builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [aggregates.add], [aggregates.logs]
-    tasks, on_start, on_end = _compile(TRAIN, named, ordinary, epoch, builtin)
+    tasks, on_start, on_end = compile_table(TRAIN, named, ordinary, epoch, builtin)
+    if closer is not None:  # its end hook first: the data position settles
+        on_end = [closer, *(on_end or [])]
     with warnings.catch_warnings():  # said below, the train_loop way
         warnings.simplefilter("ignore", EmptyDataWarning)
         result = loop(
@@ -301,6 +218,7 @@ def train_loop(
             catch_keyboard_interrupt=catch_keyboard_interrupt,
             batch_size_fn=batch_size_fn,
             steps_per_call=1,  # grouped above, before the epoch's look-ahead
+            prefetch=0,  # read ahead above, within each pass
         )  # fmt: skip
     if data.empty and not (stop_at is not None and stop_at.reached(start)):
         warnings.warn(
@@ -310,65 +228,3 @@ def train_loop(
             stacklevel=2,
         )
     return result
-
-
-def test_loop(
-    state: Any,
-    dataset: Iterable[Any],
-    tasks: Mapping[Any, Any] | None = None,
-    *,
-    callbacks: list[Any] | None = None,
-    **loop_kwargs: Any,
-) -> tuple[Any, History, Elapsed]:
-    """Evaluates: the reset steps and `on_test_begin` first; per batch
-    `on_test_batch_begin`, `on_test_step`, the ordinary `tasks`, `on_test_batch_end`;
-    `on_test_end` after the last batch. Registration as in `train_loop`;
-    `loop_kwargs` (`stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
-    `metadata`, `batch_size_fn`) as in `ciclo.loop`.
-
-    Raises:
-        ValueError: if nothing would run per batch: no `on_test_step` (or other
-            per-batch) callback and no ordinary schedule in `tasks`.
-
-    Example:
-        >>> import ciclo
-        >>> def test_step(state, batch):
-        ...     return ciclo.logs().add_metric("double", 2 * batch)
-        >>> _, history, _ = ciclo.test_loop(None, [1, 2], {ciclo.on_test_step: test_step})
-        >>> history.collect("double")
-        [2, 4]
-    """
-    named, ordinary = register(TEST, state, tasks, callbacks)
-    result = _run(TEST, state, dataset, named, ordinary, **loop_kwargs)
-    _warn_if_empty("ciclo.test_loop", result, loop_kwargs)
-    return result
-
-
-def predict_loop(
-    state: Any,
-    dataset: Iterable[Any],
-    tasks: Mapping[Any, Any] | None = None,
-    *,
-    callbacks: list[Any] | None = None,
-    **loop_kwargs: Any,
-) -> tuple[Any, History, Elapsed]:
-    """Runs inference: `on_predict_begin` first; per batch `on_predict_batch_begin`,
-    `on_predict_step`, the ordinary `tasks`, `on_predict_batch_end`;
-    `on_predict_end` after the last batch. Outputs logged with `logs.add_output`
-    are in `history.collect("outputs.<name>")`. Arguments as in `test_loop`.
-
-    Example:
-        >>> import ciclo
-        >>> def predict_step(state, batch):
-        ...     return ciclo.logs().add_output("y", state * batch)
-        >>> _, history, _ = ciclo.predict_loop(3, [1, 2], {"predict_step": predict_step})
-        >>> history.collect("y")
-        [3, 6]
-    """
-    named, ordinary = register(PREDICT, state, tasks, callbacks)
-    result = _run(PREDICT, state, dataset, named, ordinary, **loop_kwargs)
-    _warn_if_empty("ciclo.predict_loop", result, loop_kwargs)
-    return result
-
-
-test_loop.__test__ = False  # not a pytest test, even when imported into a test module

@@ -1,0 +1,280 @@
+"""`ManagedStep`: a step compiled per strategy and called as a loop callback.
+
+A managed step is a callback like any other (`ciclo._callback`): its function
+takes `(state)`, `(state, batch)` or `(state, batch, elapsed)` and returns logs, a
+state, or `(logs, state)`. Called with a batch, it runs one compiled step; with a
+fused `ciclo.Steps`, the steps of the call in one compiled `scan`. What the
+compiled step does with its logs is in `ciclo.managed._step_logs`; how its
+arguments reach the device, in `ciclo.managed._placement`.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ciclo._callback import arity, describe, split_output
+from ciclo._logs import Logs
+from ciclo._prefetch import placed
+from ciclo._strategies.base import Collectives, Strategy
+from ciclo._strategies.registry import get_strategy
+from ciclo._time import Elapsed, Steps, short
+from ciclo.callbacks._base import LoopElement
+from ciclo.managed._fused_steps import at_step, check_fused, fold
+from ciclo.managed._placement import batch_major, compiles, pack, unpack, unpacking
+from ciclo.managed._step_logs import accumulate, grad_logs, reduce_logs, total_loss
+
+__all__ = ["GradsFn", "ManagedStep", "UserStep"]
+
+UserStep = Callable[..., Any]
+GradsFn = Callable[..., Any]
+
+
+class ManagedStep(LoopElement):
+    """A step run under the state's strategy; build it with `train_step` or `step`.
+
+    Call it as `logs, state = f(state)`, `f(state, batch)` or
+    `f(state, batch, elapsed)` (the wrapped function gets the arguments it
+    declares). It always returns `(logs, state)`. In a loop it is a callback; as a
+    loop element, `{**f}` means `{ciclo.every(1): [f]}`. Used as a method of a
+    `ManagedState` subclass, `state.f(batch)` works as well. The compiled function
+    is cached per strategy.
+    """
+
+    def __init__(
+        self,
+        fn: UserStep,
+        *,
+        grad: bool,
+        log_grad_norm: bool = False,
+        grads_fn: GradsFn | None = None,
+        steps_per_call: int | None = None,
+        fused_logs: str | None = None,
+    ):
+        kind = "managed.train_step" if grad else "managed.step"
+        check_fused(steps_per_call, fused_logs, kind)
+        if not callable(fn):
+            raise TypeError(
+                f"{kind} decorates a function f(state[, batch[, elapsed]]), got "
+                f"{type(fn).__name__}: {short(fn)}."
+            )
+        n = arity(fn, kind, most=3)
+        if n == 0:
+            raise TypeError(
+                f"{kind} ({describe(fn)}) takes no arguments; a managed step takes "
+                f"(state), (state, batch) or (state, batch, elapsed)."
+            )
+        if not isinstance(log_grad_norm, bool):
+            raise TypeError(
+                f"{kind}: log_grad_norm must be True or False, got {log_grad_norm!r}."
+            )
+        if grads_fn is not None:
+            if not callable(grads_fn):
+                raise TypeError(
+                    f"{kind}: grads_fn must be a function (grads[, state]) -> "
+                    f"logs_or_None, got {type(grads_fn).__name__}: {short(grads_fn)}."
+                )
+            arity(grads_fn, f"{kind}(grads_fn=...)", most=2)
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.grad = grad
+        self.log_grad_norm = log_grad_norm
+        self.grads_fn = grads_fn
+        self.steps_per_call = steps_per_call
+        self.fused_logs = fused_logs
+        self._arity = n
+        self._compiled: dict[Strategy, Callable[..., Any]] = {}
+        self._fused: dict[tuple[Strategy, str, bool], Callable[..., Any]] = {}
+        self._in_flight: collections.deque[jax.Array] = collections.deque()
+
+    def __repr__(self) -> str:
+        kind = "train_step" if self.grad else "step"
+        return f"managed.{kind}({describe(self.fn)})"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    def __call__(
+        self, state: Any, batch: Any = None, elapsed: Any = None
+    ) -> tuple[Logs, Any]:
+        name = getattr(state, "strategy", None)
+        if not isinstance(name, str):
+            raise TypeError(
+                f"{self!r} needs a ciclo.managed.ManagedState (a state with a "
+                f"`strategy`), got {type(state).__name__}. Create it with "
+                f"managed.ManagedState.create(params=..., tx=..., strategy='jit')."
+            )
+        strategy = get_strategy(name)
+        if type(batch) is Steps:
+            return self._call_fused(strategy, state, batch, elapsed)
+        compiled = self._compiled.get(strategy)
+        if compiled is None:
+            if self.grad and not hasattr(state, "params"):
+                raise TypeError(
+                    f"{self!r} differentiates w.r.t. `state.params`, but the "
+                    f"{type(state).__name__} it got has no `params`. Create the "
+                    f"state with managed.ManagedState.create(params=..., tx=...)."
+                )
+            compiled = self._compiled[strategy] = strategy.wrap(
+                unpacking(self._build(strategy)), donate=strategy.donate and self.grad
+            )
+        if self._arity < 2:
+            batch = None
+        else:
+            ahead = placed(batch, strategy)  # read ahead and placed by the loop
+            batch = strategy.place_batch(batch) if ahead is None else ahead
+        if self._arity < 3:
+            elapsed = None
+        elif type(elapsed) is Elapsed and compiles(strategy):
+            elapsed = pack(elapsed)
+        logs, state = compiled(state, batch, elapsed)
+        if strategy.max_in_flight is not None:
+            self._bound_in_flight(strategy.max_in_flight, logs, state)
+        return logs, state
+
+    def _call_fused(
+        self, strategy: Strategy, state: Any, steps: Steps, elapsed: Any
+    ) -> tuple[Logs, Any]:
+        """Runs the `steps.n` steps of a fused batch in one compiled call."""
+        mode = self.fused_logs or getattr(state, "fused_logs", None) or "all"
+        # a strategy that places batches as they are (jit, eager) scans the leading
+        # axis directly; the others place (B, n, ...) so they split the batch axis
+        step_major = type(strategy).place_batch is Strategy.place_batch
+        key = (strategy, mode, step_major)
+        compiled = self._fused.get(key)
+        if compiled is None:
+            compiled = self._fused[key] = strategy.wrap(
+                self._build_fused(strategy, mode, step_major),
+                donate=strategy.donate and self.grad,
+            )
+        batch = None
+        if self._arity >= 2:
+            batch = placed(steps, strategy)  # stacked and placed ahead by the loop
+            if batch is None and steps.batch is not None:
+                batch = steps.batch
+                if not step_major:
+                    batch = jax.tree.map(lambda x: batch_major(x, strategy), batch)
+                batch = strategy.place_batch(batch)
+        # only what the call uses goes to the device: the step indices when there
+        # is no batch to count them, `elapsed` (packed) when the step takes it
+        index = np.arange(steps.n, dtype=np.int32) if batch is None else None
+        if self._arity < 3 or elapsed is None:
+            elapsed = None
+        else:
+            per_step = steps.samples // steps.n if steps.n else 0
+            elapsed = pack(elapsed, per_step)
+        (logs, rows), state = compiled(state, batch, (elapsed, index))
+        if rows is not None:
+            steps.rows = rows if steps.rows is None else Logs(steps.rows).merge(rows)
+        if strategy.max_in_flight is not None:
+            self._bound_in_flight(strategy.max_in_flight, logs, state)
+        return logs, state
+
+    def _build_fused(
+        self, strategy: Strategy, mode: str, step_major: bool
+    ) -> Callable[..., Any]:
+        single = self._build(strategy)
+
+        def fused(state, batch, extra):
+            elapsed, index = extra
+            per_step = 0
+            if elapsed is not None:
+                elapsed, (per_step,) = unpack(elapsed)
+            if batch is not None and not step_major:
+                batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+            if index is None:  # as many steps as the stacked batch's leading axis
+                index = jnp.arange(jax.tree.leaves(batch)[0].shape[0], dtype=jnp.int32)
+
+            def body(state, xs):
+                i, b = xs
+                e = None if elapsed is None else at_step(elapsed, i, per_step)
+                logs, state = single(state, b, e)
+                return state, logs
+
+            state, stacked = jax.lax.scan(body, state, (index, batch))
+            return fold(stacked, mode), state
+
+        return fused
+
+    def _bound_in_flight(self, limit: int, logs: Logs, state: Any) -> None:
+        """Waits (without a transfer) for the call `limit` calls ago to finish."""
+        token = next(iter(jax.tree.leaves(logs)), None)
+        if token is None:
+            token = getattr(state, "step", None)
+        if not isinstance(token, jax.Array):
+            return
+        self._in_flight.append(token)
+        while len(self._in_flight) > limit:
+            self._in_flight.popleft().block_until_ready()
+
+    def _call_user(self, state: Any, batch: Any, elapsed: Any) -> tuple[Logs, Any]:
+        fn = self.fn
+        output = fn(*(state, batch, elapsed)[: self._arity])
+        try:
+            logs, new_state = split_output(output, fn)
+        except TypeError as error:
+            raise TypeError(
+                f"Managed step {describe(fn)} must return (logs, state), logs or a "
+                f"state: {error}"
+            ) from None
+        if new_state is None:
+            new_state = state
+        elif not isinstance(getattr(new_state, "strategy", None), str):
+            raise TypeError(
+                f"Managed step {describe(fn)} returned a {type(new_state).__name__} "
+                f"where the state was expected; return logs (ciclo.logs()), the "
+                f"state, or (logs, state)."
+            )
+        if logs is None:
+            logs = Logs()
+        elif not isinstance(logs, Logs):
+            logs = Logs(logs)
+        return logs, new_state
+
+    def _grad_logs(self, grads: Any, state: Any) -> Logs:
+        return grad_logs(grads, state, self.log_grad_norm, self.grads_fn)
+
+    def _build(self, strategy: Strategy) -> Callable[..., tuple[Logs, Any]]:
+        collectives = getattr(strategy, "collectives", None) or Collectives()
+
+        if not self.grad:
+
+            def run(state, batch, elapsed):
+                logs, state = self._call_user(state, batch, elapsed)
+                logs, state = accumulate(logs, state)
+                return reduce_logs(logs, collectives), state
+
+            return run
+
+        def train(state, batch, elapsed):
+            def loss_fn(params):
+                logs, new_state = self._call_user(
+                    state.replace(params=params), batch, elapsed
+                )
+                return total_loss(logs, self.fn), (logs, new_state)
+
+            grads, (logs, new_state) = jax.grad(loss_fn, has_aux=True)(state.params)
+            mean_grads = getattr(collectives, "mean_grads", None)
+            if mean_grads is None:
+                grads = collectives.mean(grads)
+            else:  # e.g. kept in the parameters' sharding
+                grads = mean_grads(grads, new_state)
+            if getattr(new_state, "batch_stats", None) is not None:
+                new_state = new_state.replace(
+                    batch_stats=collectives.mean(new_state.batch_stats)
+                )
+            if self.log_grad_norm or self.grads_fn is not None:
+                logs = Logs(logs).merge(self._grad_logs(grads, new_state))
+            logs, new_state = accumulate(logs, new_state)
+            new_state = new_state.apply_gradients(grads=grads)
+            return reduce_logs(logs, collectives), new_state
+
+        return train

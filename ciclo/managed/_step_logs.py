@@ -1,0 +1,109 @@
+"""What a managed step does with its logs inside the compiled call.
+
+`REDUCTIONS` declares how each log collection is reduced across the devices a
+strategy runs the step on (strategies only provide the collectives); a logged
+stateful metric is accumulated into the state's field of the same name; a train
+step differentiates the sum of its scalar losses and may log from its gradients
+(`grad_logs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ciclo._callback import describe, inject
+from ciclo._logs import LOSSES, METRICS, OUTPUTS, STATEFUL_METRICS, Logs
+from ciclo._strategies.base import Collectives, is_stateful_metric
+
+__all__ = ["REDUCTIONS", "accumulate", "grad_logs", "reduce_logs", "total_loss"]
+
+# collection -> how its entries are combined across devices; any other collection
+# is averaged. Whatever the collection, a stateful metric (anything with `merge`)
+# is merged across devices and then computed; outputs without a batch axis (0-d)
+# are averaged.
+REDUCTIONS = {
+    LOSSES: "mean",
+    METRICS: "mean",
+    STATEFUL_METRICS: "merge",
+    OUTPUTS: "concat",
+}
+
+
+def reduce_logs(logs: Logs, collectives: Collectives) -> Logs:
+    """Inside the step: each entry reduced across devices as `REDUCTIONS` says."""
+    out = Logs()
+    for collection, name, value in logs.entries():
+        if is_stateful_metric(value):
+            value = collectives.merge(value).compute()
+        elif REDUCTIONS.get(collection, "mean") == "concat" and jnp.ndim(value) > 0:
+            value = collectives.concat(value)
+        else:
+            value = collectives.mean(value)
+        out.add_entry(collection, name, value)
+    out._aggregations = getattr(logs, "_aggregations", None)  # declared modes
+    return out
+
+
+def accumulate(logs: Logs, state: Any) -> tuple[Logs, Any]:
+    """Merges each logged stateful metric into the state's field of the same name
+    (when the state has one holding a stateful metric); logs the accumulation."""
+    metrics = logs.get(STATEFUL_METRICS)
+    if not metrics:
+        return logs, state
+    updates = {}
+    for name, value in metrics.items():
+        held = getattr(state, name, None)
+        if is_stateful_metric(value) and is_stateful_metric(held):
+            updates[name] = held.merge(value)
+    if not updates:
+        return logs, state
+    logs = Logs(logs)
+    logs[STATEFUL_METRICS] = {**metrics, **updates}
+    return logs, state.replace(**updates)
+
+
+def total_loss(logs: Logs, fn: Callable[..., Any]) -> jax.Array:
+    """The sum of the scalar entries of `logs["losses"]`."""
+    losses = logs.get(LOSSES) or {}
+    if not losses:
+        logged = [f"{c}.{n}" for c, n, _ in logs.entries()]
+        raise ValueError(
+            f"managed.train_step {describe(fn)} logged no loss (logged: {logged}); "
+            f"add one with logs.add_loss('loss', value) so there is something to "
+            f"differentiate."
+        )
+    total = 0.0
+    for name, value in losses.items():
+        shape = jnp.shape(value)
+        if shape != ():
+            raise TypeError(
+                f"Loss 'losses.{name}' logged by {describe(fn)} has shape {shape}; "
+                f"losses must be scalars. Reduce it first, e.g. jnp.mean(...)."
+            )
+        total = total + value
+    return jnp.asarray(total)
+
+
+def grad_logs(
+    grads: Any, state: Any, log_grad_norm: bool, grads_fn: Callable[..., Any] | None
+) -> Logs:
+    """What a train step logs from its gradients: `grad_norm` (with
+    `log_grad_norm`) and `grads_fn(grads[, state])`'s logs."""
+    logs = Logs()
+    if log_grad_norm:
+        logs.add_metric("grad_norm", optax.tree.norm(grads))
+    if grads_fn is not None:
+        extra = inject(grads_fn, grads, state)
+        if extra is not None:
+            if not isinstance(extra, Mapping):
+                raise TypeError(
+                    f"grads_fn {describe(grads_fn)} returned a "
+                    f"{type(extra).__name__}; expected logs (ciclo.logs()) or None."
+                )
+            logs.merge(extra)
+    return logs
