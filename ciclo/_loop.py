@@ -18,11 +18,13 @@ from ciclo._fused import check_steps, declared_steps, fuse
 from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._loop_state import LoopState, read_from
+from ciclo._period import Period, as_period
 from ciclo._prefetch import Prefetch, check_prefetch, placer
 from ciclo._resume import position, prepare
 from ciclo._run import Run
 from ciclo._runners import end_hooks_of, finish, make_plan, runners
-from ciclo._time import Elapsed, Period, as_period, short
+from ciclo._short import short
+from ciclo._time import Elapsed
 
 __all__ = ["EmptyDataWarning", "loop"]
 

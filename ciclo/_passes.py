@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ciclo._resume import checkpointable, position
-from ciclo._time import short
+from ciclo._short import short
 
 
 class Passes:

@@ -35,8 +35,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ciclo._batch import Steps
 from ciclo._resume import checkpointable
-from ciclo._time import Steps
 
 __all__ = [
     "AUTO_MIN_BYTES",

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ciclo._batch import Steps, batch_size
 from ciclo._logs import Logs
 from ciclo._loop_state import committed
-from ciclo._time import Steps, batch_size
 
 __all__ = ["Run"]
 

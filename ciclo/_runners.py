@@ -9,8 +9,9 @@ from typing import Any
 
 from ciclo._callback import arity, describe, uncalled
 from ciclo._loop_state import Apply, LoopState
+from ciclo._period import Period
 from ciclo._schedules.base import fresh
-from ciclo._time import Period, short
+from ciclo._short import short
 
 __all__ = ["Runner", "end_hooks_of", "finish", "make_plan", "runner", "runners"]
 

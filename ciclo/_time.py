@@ -15,7 +15,6 @@ import jax
 
 from ciclo._batch import Steps, batch_size
 from ciclo._period import Period, any_field, as_period
-from ciclo._short import short  # noqa: F401 (compat: _loop, _passes, _runners, managed._managed_step)
 
 __all__ = ["Elapsed", "elapse", "new_elapsed"]
 

@@ -13,7 +13,8 @@ from ciclo._history import History
 from ciclo._loops.assemble import run_table
 from ciclo._loops.register import register
 from ciclo._loops.tables import PREDICT, TEST
-from ciclo._time import Elapsed, as_period
+from ciclo._period import as_period
+from ciclo._time import Elapsed
 
 __all__ = ["predict_loop", "test_loop"]
 

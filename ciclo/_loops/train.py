@@ -34,11 +34,12 @@ from ciclo._loops.assemble import compile_table, run_table
 from ciclo._loops.register import as_list, register
 from ciclo._loops.tables import EPOCH_LOGS, EPOCH_SUM, NESTED, TRAIN
 from ciclo._passes import train_data
+from ciclo._period import Period, as_period
 from ciclo._prefetch import check_prefetch, prefetch_passes
 from ciclo._resume import prepare
 from ciclo._schedules.epoch import EpochEnd, epochs_end
 from ciclo._schedules.named import on_train_step
-from ciclo._time import Elapsed, Period, as_period
+from ciclo._time import Elapsed
 from ciclo.callbacks._epoch_logs import EpochLogs
 from ciclo.callbacks._test_loops import test_loops
 

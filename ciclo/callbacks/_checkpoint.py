@@ -22,8 +22,9 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
+from ciclo._batch import batch_size
 from ciclo._history import History
-from ciclo._time import Elapsed, batch_size
+from ciclo._time import Elapsed
 from ciclo.callbacks import _orbax
 from ciclo.callbacks._checkpoint_loop import LoopCheckpoint
 from ciclo.callbacks._history_item import history_json

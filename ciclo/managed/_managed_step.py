@@ -19,12 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._batch import Steps
 from ciclo._callback import arity, describe, split_output
 from ciclo._logs import Logs
 from ciclo._prefetch import placed
+from ciclo._short import short
 from ciclo._strategies.base import Collectives, Strategy
 from ciclo._strategies.registry import get_strategy
-from ciclo._time import Elapsed, Steps, short
+from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.managed._fused_steps import at_step, check_fused, fold
 from ciclo.managed._placement import batch_major, compiles, pack, unpack, unpacking

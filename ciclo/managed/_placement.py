@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._batch import Steps
 from ciclo._strategies.base import Strategy
-from ciclo._time import Elapsed, Steps
+from ciclo._time import Elapsed
 
 __all__ = ["batch_major", "compiles", "pack", "place_ahead", "unpack", "unpacking"]
 
