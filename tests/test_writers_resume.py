@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -32,41 +31,16 @@ def run(ckpts, out, kill=0, how="kill"):
         os.environ, JAX_PLATFORMS="cpu", WANDB_SILENT="true", WANDB_MODE="offline"
     )
     env.pop("XLA_FLAGS", None)
+    # each run starts its own wandb service, as a restarted job does: a service
+    # this test process started (an in-process wandb test before) would be shared
+    # by the killed run and its rerun, and still hold the killed run's id
+    env.pop("WANDB_SERVICE", None)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
-    args = [
-        sys.executable, os.path.join(HERE, "_writers_resume_worker.py"),
-        str(ckpts), str(out), str(kill), how,
-    ]  # fmt: skip
-    with subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        cwd=ROOT,
-    ) as proc:  # fmt: skip
-        stdout, stderr = proc.communicate(timeout=240)
-    _wait_for_wandb_service(proc.pid)
-    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
-
-
-def _wait_for_wandb_service(pid, timeout=90):
-    """Waits until the wandb service a (killed) run started has exited, as a
-    restarted job finds it: it holds the run's id until it sees its process gone."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = False
-        for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as file:
-                    cmdline = file.read().split(b"\0")
-            except OSError:
-                continue
-            if (
-                any(b"wandb-core" in c for c in cmdline)
-                and str(pid).encode() in cmdline
-            ):
-                alive = True
-                break
-        if not alive:
-            return
-        time.sleep(0.5)
+    return subprocess.run(
+        [sys.executable, os.path.join(HERE, "_writers_resume_worker.py"),
+         str(ckpts), str(out), str(kill), how],
+        capture_output=True, text=True, timeout=240, env=env, cwd=ROOT,
+    )  # fmt: skip
 
 
 def jsonl_rows(out):

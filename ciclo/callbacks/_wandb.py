@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -122,16 +121,7 @@ class wandb_logger(Writer):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "w") as file:
                     json.dump({"id": run_id}, file)
-        waits = [0.5, 1, 2, 4, 8, 15, 30]  # seconds, about a minute in all
-        while True:
-            try:
-                return self._wandb.init(**kwargs)
-            except Exception as error:  # wandb's service errors have no base class
-                if "in use" not in str(error) or not waits:
-                    raise
-                # the killed run's wandb service still holds the id: it lets go
-                # once it sees that its process is gone
-                time.sleep(waits.pop(0))
+        return self._wandb.init(**kwargs)
 
     def _write(self, rows: list[Row]) -> None:
         if not rows:
