@@ -6,6 +6,7 @@ so there they run."""
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 
@@ -37,3 +38,17 @@ def skip_if_optional_missing(returncode: int, stderr: str) -> None:
     found = _PYTHON.search(stderr)
     if found and found.group(1) in OPTIONAL:
         pytest.skip(f"optional dependency not installed: {found.group(1)}")
+
+
+def run_or_skip(
+    args: list[str], *, cwd, env: dict | None = None, input: str | None = None
+) -> subprocess.CompletedProcess:
+    """Runs a script (an example, README or docs blocks) in a subprocess: skips the
+    test when it failed only on a missing optional package, else asserts it ran."""
+    result = subprocess.run(
+        args, input=input, cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    skip_if_optional_missing(result.returncode, result.stderr)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result

@@ -68,41 +68,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_processes(script: str, *args: str, num_processes: int = 2) -> None:
+    """Runs `script INDEX NUM_PROCESSES PORT *args` as `num_processes` local
+    processes (one `jax.distributed` group on a free port); raises with their
+    output when any fails, and kills them all on a timeout."""
+    group = [str(num_processes), str(free_port())]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / script), str(i), *group, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
+        )
+        for i in range(num_processes)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=TIMEOUT)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    codes = [proc.returncode for proc in procs]
+    if any(codes):
+        raise RuntimeError(
+            f"multi-process workers of {script} exited with {codes}:\n"
+            + "\n".join(outputs)
+        )
+
+
 def multihost_params(num_processes: int = 2) -> dict[str, np.ndarray]:
     """Final params of `_multihost_worker.py` run as `num_processes` processes."""
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "params.npz"
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(HERE / "_multihost_worker.py"),
-                    str(i),
-                    str(num_processes),
-                    str(port),
-                    str(path),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=_env(),
-            )
-            for i in range(num_processes)
-        ]
-        outputs = []
-        try:
-            for proc in procs:
-                outputs.append(proc.communicate(timeout=TIMEOUT)[0])
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        codes = [proc.returncode for proc in procs]
-        if any(codes):
-            raise RuntimeError(
-                f"multi-process workers exited with {codes}:\n" + "\n".join(outputs)
-            )
+        run_processes("_multihost_worker.py", str(path), num_processes=num_processes)
         with np.load(path) as f:
             return dict(f)

@@ -25,7 +25,7 @@ import sys
 import textwrap
 
 import pytest
-from _optional import skip_if_optional_missing
+from _optional import run_or_skip
 from test_readme import _PRELUDE
 
 import ciclo
@@ -118,17 +118,12 @@ def test_docs_page_python_blocks_run(page, tmp_path):
     env["CICLO_EXAMPLE_STEPS"] = "20"
     env["WANDB_MODE"] = "offline"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    result = subprocess.run(
+    run_or_skip(
         [sys.executable, "-c", _RUNNER],
-        input=json.dumps([f"docs/{page.name}", _PRELUDE, _sections(page)]),
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        input=json.dumps([f"docs/{page.name}", _PRELUDE, _sections(page)]),
     )
-    skip_if_optional_missing(result.returncode, result.stderr)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 
 
 def _api_entries() -> set[str]:

@@ -3,11 +3,10 @@
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
-from _optional import skip_if_optional_missing
+from _optional import run_or_skip
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("[0-9][0-9]_*.py")) + sorted(
@@ -25,16 +24,7 @@ def _env(**extra: str) -> dict:
 def test_example_runs(path, tmp_path):
     env = _env(CICLO_EXAMPLE_STEPS="30", CICLO_EXAMPLE_DIR=str(tmp_path))
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    result = subprocess.run(
-        [sys.executable, str(path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    skip_if_optional_missing(result.returncode, result.stderr)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    result = run_or_skip([sys.executable, str(path)], cwd=tmp_path, env=env)
     if path.stem == "01_simple":
         _check_01_simple_outputs(tmp_path, result.stdout, steps=30)
 
@@ -68,29 +58,13 @@ def _check_01_simple_outputs(directory, stdout, steps):
 def test_docs_loop_language_snippet_runs(tmp_path):
     page = (ROOT / "docs" / "loop.md").read_text()
     code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
-    result = subprocess.run(
-        [sys.executable, "-c", code + "\nassert len(losses) == 200, len(losses)\n"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    skip_if_optional_missing(result.returncode, result.stderr)
-    assert result.returncode == 0, result.stderr[-4000:]
+    check = "\nassert len(losses) == 200, len(losses)\n"
+    result = run_or_skip([sys.executable, "-c", code + check], cwd=tmp_path, env=_env())
     assert "step 150:" in result.stdout
 
 
 def test_docs_observability_snippet_runs(tmp_path):
     page = (ROOT / "docs" / "observability.md").read_text()
     code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    skip_if_optional_missing(result.returncode, result.stderr)
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_or_skip([sys.executable, "-c", code], cwd=ROOT)
     assert "(100, 6)" in result.stdout

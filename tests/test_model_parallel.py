@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _workers import HERE, TIMEOUT, _env, free_port
+from _workers import HERE, TIMEOUT, _env, run_processes
 from jax.sharding import PartitionSpec as P
 
 import ciclo
@@ -50,39 +50,11 @@ def _run(*args: str) -> dict:
 
 
 def _multihost(num_processes: int = 2) -> dict:
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.pkl"
-        script = str(HERE / "_model_parallel_multihost.py")
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    script,
-                    str(i),
-                    str(num_processes),
-                    str(port),
-                    str(out),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=_env(),
-            )
-            for i in range(num_processes)
-        ]
-        outputs = []
-        try:
-            for proc in procs:
-                outputs.append(proc.communicate(timeout=TIMEOUT)[0])
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        codes = [proc.returncode for proc in procs]
-        if any(codes):
-            raise RuntimeError(f"workers exited with {codes}:\n" + "\n".join(outputs))
+        run_processes(
+            "_model_parallel_multihost.py", str(out), num_processes=num_processes
+        )
         with open(out, "rb") as f:
             return pickle.load(f)
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import textwrap
 
 import pytest
-from _optional import skip_if_optional_missing
+from _optional import run_or_skip
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -108,14 +107,9 @@ def test_readme_section_runs(title, blocks, tmp_path):
 
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
     env["CICLO_EXAMPLE_STEPS"] = "20"
-    result = subprocess.run(
+    run_or_skip(
         [sys.executable, "-c", _RUNNER],
-        input=json.dumps([_PRELUDE, blocks]),
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        input=json.dumps([_PRELUDE, blocks]),
     )
-    skip_if_optional_missing(result.returncode, result.stderr)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]

@@ -130,8 +130,6 @@ class wandb_logger(Writer):
             start = None if self._opened else self._resume_point(rows)
             self.run = self._init(start)
             self._owned = True
-        elif not self._opened:
-            self._opened = True
         tags = self._tags
         for row in rows:
             self.run.log(
