@@ -23,7 +23,7 @@ from typing import Any
 
 from etils import epath
 
-__all__ = ["disk_full", "is_disk_full", "quiet_orbax_logs", "reported"]
+__all__ = ["disk_full", "is_disk_full", "quiet_orbax_logs", "reading", "reported"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _SETTLE = 5.0  # seconds
@@ -130,10 +130,11 @@ def _short(error: BaseException) -> str:
 
 
 _FAILED: set[str] = set()  # the folders of saves / reads that failed: said already
+_READING: list[str] = []  # the folders being read now (see `reading`)
 
 
 def _about_failed(text: str) -> bool:
-    return any(folder in text for folder in _FAILED)
+    return any(folder in text for folder in (*_FAILED, *_READING))
 
 
 def _text(record: logging.LogRecord) -> str:
@@ -171,6 +172,20 @@ def reported(folder: Any) -> None:
     """Marks `folder` (a step's, or its temporary one) as failed and said: orbax's
     and asyncio's later reports about it are dropped."""
     _FAILED.add(str(folder))
+
+
+@contextlib.contextmanager
+def reading(folder: Any):
+    """While `folder` is read, asyncio's reports about it are dropped too: orbax's
+    sibling tasks of a read that fails may be collected (and reported as "Task
+    exception was never retrieved") before the failure reaches ciclo, which then
+    says it once (`reported`). A read that succeeds leaves no such task."""
+    quiet_orbax_logs()
+    _READING.append(str(folder))
+    try:
+        yield
+    finally:
+        _READING.remove(str(folder))
 
 
 def _quiet_leftovers() -> None:

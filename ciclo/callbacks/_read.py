@@ -58,6 +58,17 @@ def read(
     """Reads the checkpoint at `step` whole, or raises `Unreadable` (a target that
     does not fit raises its own ValueError)."""
     folder = epath.Path(mngr.directory) / str(step)
+    with _faults.reading(f"{folder}/"):
+        return _read(mngr, step, folder, target_state, with_history)
+
+
+def _read(
+    mngr: ocp.CheckpointManager,
+    step: int,
+    folder: epath.Path,
+    target_state: Any,
+    with_history: bool,
+) -> tuple[Any, ...]:
     try:
         items = mngr.restore(
             step, args=ocp.args.Composite(elapsed=ocp.args.JsonRestore())
