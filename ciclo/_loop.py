@@ -187,12 +187,14 @@ def loop(
         run.interrupted()
     except Exception as error:
         where = getattr(run.running, "where", None)
-        error.add_note(
-            f"ciclo.loop: raised at step {ls.elapsed.steps}"
-            + (f" by {where}" if where and run.in_batch else "")
-            + f"; the history holds the {len(history)} rows committed before it "
-            f"(that step's logs are not committed)."
-        )
+        if run.in_batch:
+            at = f"at step {ls.elapsed.steps}" + (f" by {where}" if where else "")
+        else:  # the dataset (or read-ahead) raised fetching the next batch
+            at = f"by the dataset, fetching the batch of step {run.current.steps}"
+        kept = f"the history holds the {len(history)} rows committed before it"
+        if run.in_batch:
+            kept += " (that step's logs are not committed)"
+        error.add_note(f"ciclo.loop: raised {at}; {kept}.")
         ls.error = error
         finish(end_hooks, ls)
         raise

@@ -134,6 +134,19 @@ def test_callback_raising_mid_loop_reraises_with_a_note_and_keeps_the_history():
     assert history.collect("steps", "x") == ([0, 1], [0, 1])  # up to the last step
 
 
+def test_dataset_raising_mid_loop_is_named_with_the_step_it_was_fetching():
+    def batches():
+        yield from range(3)
+        raise OSError("unreadable shard")
+
+    history = ciclo.history()
+    with pytest.raises(OSError, match="unreadable shard") as info:
+        ciclo.loop(0, batches(), {ALWAYS: _step}, history=history)
+    note = "\n".join(info.value.__notes__)
+    assert "dataset" in note and "step 3" in note and "3 rows" in note, note
+    assert history.collect("steps") == [0, 1, 2]
+
+
 def test_bare_array_returned_for_a_structured_state_is_an_error_naming_it():
     def eval_step(state, batch):  # Jax Fit style: returns its accuracy
         return jnp.mean(batch)

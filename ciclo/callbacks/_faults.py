@@ -162,10 +162,13 @@ class _DiskFullFilter(logging.Filter):
 
 class _LeftoverFilter(logging.Filter):
     """Drops asyncio's "Task exception was never retrieved" about a failed folder
-    (orbax's tasks left behind by a failed read or save)."""
+    (orbax's tasks left behind by a failed read or save), or about an orbax write
+    that failed for lack of space (said by ciclo as one error, maybe later)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not _about_failed(_text(record))
+        text = _text(record)
+        full = "orbax" in text and any(m in text for m in _MARKERS)
+        return not (full or _about_failed(text))
 
 
 def reported(folder: Any) -> None:
