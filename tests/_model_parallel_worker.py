@@ -75,23 +75,25 @@ def dataset():
     ]
 
 
-def create(strategy):
-    return State.create(params=init_params(), tx=optax.adam(1e-2), strategy=strategy)
+def create(strategy, tx=None):
+    tx = optax.adam(1e-2) if tx is None else tx
+    return State.create(params=init_params(), tx=tx, strategy=strategy)
 
 
 def host(tree):
     return jax.tree.map(np.asarray, tree)
 
 
+def describe(x):
+    """A leaf's spec and every device's shard shape."""
+    return (
+        tuple(getattr(x.sharding, "spec", ())),
+        sorted({tuple(s.data.shape) for s in x.addressable_shards}),
+    )
+
+
 def layout(state):
     """Per leaf: its spec and every device's shard shape (params and Adam mu/nu)."""
-
-    def describe(x):
-        return (
-            tuple(getattr(x.sharding, "spec", ())),
-            sorted({tuple(s.data.shape) for s in x.addressable_shards}),
-        )
-
     adam = state.opt_state[0]
     return {
         "params": jax.tree.map(describe, state.params),
@@ -105,8 +107,8 @@ def layout(state):
     }
 
 
-def train(strategy, fused=False):
-    state = create(strategy)
+def train(strategy, fused=False, tx=None):
+    state = create(strategy, tx)
     step = managed.train_step(train_step.fn, steps_per_call=5) if fused else train_step
     state, history, _ = ciclo.loop(state, dataset(), {**step})
     return state, history
@@ -233,6 +235,17 @@ def main():
                 results[name + "_fused"] = host(fused.params)
                 results[name + "_fused_layout"] = layout(fused)
             results[name + "_to_jit"] = host(state.with_strategy("jit").params)
+        # Adafactor: the factored moments follow their parameter less one axis
+        ada = optax.adafactor(1e-2, min_dim_size_to_factor=4)
+        ada_jit, _ = train("jit", tx=ada)
+        ada_rules, _ = train(ciclo.sharded(mesh2, rules=RULES), tx=ada)
+        results["adafactor_jit"] = host(ada_jit.params)
+        results["adafactor"] = host(ada_rules.params)
+        factored = ada_rules.opt_state[0]
+        results["adafactor_layout"] = {
+            part: jax.tree.map(describe, getattr(factored, part))
+            for part in ("v_row", "v_col", "v")
+        }
         # outputs come back as the rows of the batch, logs readable
         logs, _ = train_step(create(ciclo.sharded(mesh2, rules=RULES)), dataset()[0])
         results["outputs_shape"] = tuple(logs.outputs.out.shape)

@@ -136,6 +136,25 @@ def test_1x4_rules_quarter_the_memory_of_the_sharded_leaves(trained):
         assert nbytes <= trained["jit_kernel_bytes"] / 4
 
 
+def test_adafactor_factored_moments_follow_their_parameter_less_one_axis(trained):
+    assert max_diff(trained["adafactor"], trained["adafactor_jit"]) < TOL
+    layout = trained["adafactor_layout"]
+    # optax factors out the largest axis in v_row, the other in v_col.
+    # Dense_0/kernel (16, 128) on P(None, "model"): v_row (16,) replicated, v_col
+    # (128,) split on "model"; Dense_1/kernel (128, 4) on P("model", None): v_row
+    # (4,) replicated, v_col (128,) split on "model"
+    for part, name, spec, shard in (
+        ("v_row", "Dense_0", (), (16,)),
+        ("v_col", "Dense_0", ("model",), (64,)),
+        ("v_row", "Dense_1", (), (4,)),
+        ("v_col", "Dense_1", ("model",), (64,)),
+        ("v", "Dense_0", (), (1,)),  # a placeholder for a factored parameter
+    ):
+        got_spec, shapes = layout[part][name]["kernel"]
+        assert _norm(got_spec) == _norm(spec), (part, name, got_spec)
+        assert shapes == [shard], (part, name, shapes)
+
+
 def test_logs_are_readable_and_outputs_are_the_batch_rows(trained):
     assert trained["outputs_shape"] == (8, 4)
     assert np.isfinite(trained["loss_value"])

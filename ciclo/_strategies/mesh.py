@@ -44,8 +44,9 @@ def sharded(
     else, with `fsdp=True`, it is sharded on `data_axis` along its largest axis
     divisible by that axis's size (parameters under 1024 elements stay
     replicated); else it is replicated. Optimizer-state leaves that mirror a
-    parameter (same path suffix and shape: Adam's moments, momentum) follow it;
-    everything else (step, BatchNorm statistics, keys, metrics) is replicated.
+    parameter (same path suffix and shape: Adam's moments, momentum) follow it,
+    as do its factored statistics (its shape less one axis: Adafactor's); everything
+    else (step, BatchNorm statistics, keys, metrics) is replicated.
 
     Args:
         mesh: a `jax.sharding.Mesh` (any axes, e.g. `("data", "model")`; its axes

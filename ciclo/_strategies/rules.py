@@ -218,9 +218,27 @@ def param_specs(
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
+def _factored(shape: tuple[int, ...], param: tuple[int, ...], spec: P) -> P | None:
+    """The spec of a factored statistic of a parameter (Adafactor's row / column
+    second moments): `shape` is the parameter's with one axis removed, and gets the
+    parameter's spec without that axis. None if no axis, or several with different
+    specs, fit."""
+    if len(shape) != len(param) - 1:
+        return None
+    entries = list(spec) + [None] * (len(param) - len(spec))
+    found = {
+        tuple(entries[:axis] + entries[axis + 1 :])
+        for axis in range(len(param))
+        if param[:axis] + param[axis + 1 :] == shape
+    }
+    return P(*found.pop()) if len(found) == 1 else None
+
+
 def _follow(opt_state: Any, params: Any, specs: Any) -> Any:
     """Specs for the optimizer state: a leaf whose key path ends with a parameter's
-    path and has its shape gets that parameter's spec; the rest is replicated."""
+    path gets that parameter's spec if it has its shape (Adam's moments, momentum),
+    or the spec without the removed axis if it has its shape less one axis
+    (Adafactor's factored moments); the rest is replicated."""
     by_path: dict[tuple[Any, ...], tuple[tuple[int, ...], P]] = {}
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))
@@ -232,8 +250,13 @@ def _follow(opt_state: Any, params: Any, specs: Any) -> Any:
         shape = tuple(np.shape(leaf))
         for start in range(len(path) + 1):
             found = by_path.get(path[start:])
-            if found is not None and found[0] == shape:
+            if found is None:
+                continue
+            if found[0] == shape:
                 return found[1]
+            factored = _factored(shape, *found)
+            if factored is not None:
+                return factored
         return P()
 
     return jax.tree_util.tree_map_with_path(follow, opt_state)
