@@ -366,8 +366,9 @@ def test_a_checkpoint_by_hand_holds_the_lock_until_closed(tmp_path):
     assert not (tmp_path / LOCK).exists()
 
 
-def run_two_processes(directory):
-    """The two processes of one `jax.distributed` run writing `directory`."""
+def run_two_processes(directory, *resume_to):
+    """The two processes of one `jax.distributed` run writing `directory` (with
+    `resume_to`: resuming from it up to that step)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -377,17 +378,37 @@ def run_two_processes(directory):
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     procs = [
         subprocess.Popen(
-            [sys.executable, worker_py, str(i), "2", str(port), str(directory)],
+            [sys.executable, worker_py, str(i), "2", str(port), str(directory)]
+            + [str(step) for step in resume_to],
             **pipes,
         )
         for i in range(2)
     ]
     outs = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        outs.append(dict(line.split(" ", 1) for line in out.splitlines() if line))
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            found = dict(line.split(" ", 1) for line in out.splitlines() if line)
+            outs.append({**found, "stderr": err})
+    finally:
+        for proc in procs:  # a hung process (jax catches SIGTERM): killed
+            proc.kill()
     return outs
+
+
+@pytest.mark.slow
+def test_a_multi_host_resume_skips_a_shard_damaged_for_one_process_on_all(tmp_path):
+    # each process reads only its own shards: damage to process 1's data file
+    # fails its read alone, and both processes must skip that step together
+    for out in run_two_processes(tmp_path, 6):  # checkpoints of steps 3 and 6
+        assert out["DONE"] == "6"
+    (data,) = (tmp_path / "6" / "state" / "ocdbt.process_1" / "d").iterdir()
+    data.write_bytes(bytes(data.stat().st_size))
+    for out in run_two_processes(tmp_path, 9):  # resumes from 3, values exact
+        assert out["DONE"] == "9", out
+        assert "resuming from step 3" in out["stderr"], out["stderr"]
+        assert "step 6 (" in out["stderr"], out["stderr"]
 
 
 @pytest.mark.slow

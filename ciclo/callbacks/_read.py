@@ -19,6 +19,7 @@ from etils import epath
 
 from ciclo._time import Elapsed
 from ciclo.callbacks import _faults, _integrity
+from ciclo.callbacks._agree import Elsewhere, agreed, read_state
 from ciclo.callbacks._fit import check_fits
 from ciclo.callbacks._history_item import history_from_json
 from ciclo.callbacks._state_layout import host_layout, put, select, strategy_of
@@ -40,6 +41,8 @@ def why(error: BaseException) -> str:
     inner = error
     while inner.__cause__ is not None:
         inner = inner.__cause__
+    if isinstance(inner, Elsewhere):
+        return str(inner)
     if isinstance(inner, KeyError) and inner.args:
         text = str(inner.args[0])
     else:
@@ -93,13 +96,16 @@ def _read(
         state_args = ocp.args.StandardRestore([abstract] if wrapped else abstract)
     if host is not None:  # checked first: orbax's own error is many lines
         check_fits(mngr, step, target_state, select(host, saved_items), wrapped)
+    failed = None
     try:
-        state = mngr.restore(step, args=ocp.args.Composite(state=state_args))
-        state = state["state"]
+        state = read_state(mngr, step, folder, state_args)
     except Exception as error:
+        failed = error
+    failed = agreed(failed, why)  # on several processes: all skip it, or none
+    if failed is not None:
         if host is not None:  # a difference the metadata did not show first
             check_fits(mngr, step, target_state, select(host, saved_items), wrapped)
-        raise Unreadable(step, folder, error) from None
+        raise Unreadable(step, folder, failed) from None
     damaged = _integrity.differs(state, e.get("checksums"))
     if damaged is not None:
         raise Unreadable(
