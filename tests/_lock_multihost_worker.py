@@ -11,6 +11,7 @@ STOP, a checkpoint every 3 steps (keeping 3) of a 4096-float vector, then checks
 this process's shard against the uninterrupted values and prints `DONE <steps>`.
 """
 
+import faulthandler
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import numpy as np
 
+faulthandler.dump_traceback_later(100, exit=True)  # a hang: its stacks, then exit
 process_id, num_processes, port, directory, *resume = sys.argv[1:]
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(

@@ -386,14 +386,17 @@ def run_two_processes(directory, *resume_to):
     ]
     outs = []
     try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0, err
+        done = [proc.communicate(timeout=120) for proc in procs]
+        errs = "\n".join(f"process {i}:\n{err}" for i, (_, err) in enumerate(done))
+        for proc, (out, err) in zip(procs, done, strict=True):
+            assert proc.returncode == 0, errs
             found = dict(line.split(" ", 1) for line in out.splitlines() if line)
             outs.append({**found, "stderr": err})
     finally:
         for proc in procs:  # a hung process (jax catches SIGTERM): killed
-            proc.kill()
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     return outs
 
 

@@ -1,4 +1,4 @@
-"""Reading a sharded state on several processes: all of them agree on the outcome.
+"""Checkpoint steps on several processes: all of them agree on the outcome.
 
 Under `jax.distributed` each process reads only the shards of its own devices, so
 damage to one shard's file fails the read on some processes and not on others.
@@ -7,7 +7,8 @@ the processes then fall out of step (one waits in the barrier, another in the ne
 collective) and the run hangs. So on several processes `read_state` reads the
 `state` item with orbax's handler directly (no barrier), and `agreed` tells every
 process whether any failed, with the first failure's reason: all of them skip the
-step together. One process reads as `CheckpointManager.restore` does.
+step together. One process reads as `CheckpointManager.restore` does. The saver
+checks stale steps with `agreed` too, before any process deletes them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ __all__ = ["Elsewhere", "agreed", "read_state"]
 _WIDTH = 512  # bytes of a failure's reason shared between processes
 
 
-class Elsewhere(Exception):
+class Elsewhere(ValueError):
     """The read failed on another process (the message says which, and why)."""
 
 
@@ -59,5 +60,5 @@ def agreed(error: BaseException | None, why: Any) -> BaseException | None:
     for index, row in enumerate(every.reshape(-1, _WIDTH)):
         if row.any():
             text = bytes(int(c) for c in row if c).decode(errors="replace")
-            return Elsewhere(f"its shards read by process {index}: {text}")
+            return Elsewhere(f"on process {index}: {text}")
     return None

@@ -32,6 +32,7 @@ from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed
 from ciclo._transfer import explicit
 from ciclo.callbacks import _faults, _integrity, _lock, _orbax
+from ciclo.callbacks._agree import agreed
 from ciclo.callbacks._monitor import Monitor
 from ciclo.callbacks._pending import open_checkpoints, track, untrack
 from ciclo.callbacks._ranking import best_key, retention, score
@@ -84,8 +85,15 @@ class Saver:
         step = int(elapsed.steps)
         self._finish(manager)  # the previous save: written, or a clear error
         stale = [s for s in manager.all_steps() if s >= step]
-        if stale:
-            _orbax.check_layout(manager, stale)  # never delete what is not ours
+        if stale:  # never delete what is not ours; on several processes, all
+            failed = None  # check before any (process 0) deletes
+            try:
+                _orbax.check_layout(manager, stale)
+            except ValueError as error:
+                failed = error
+            failed = agreed(failed, str)
+            if failed is not None:
+                raise failed
             foreign = [
                 s for s in stale if s not in self._saved and s not in self._skipped
             ]
