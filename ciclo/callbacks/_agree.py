@@ -26,7 +26,7 @@ _WIDTH = 512  # bytes of a failure's reason shared between processes
 
 
 class Elsewhere(ValueError):
-    """The read failed on another process (the message says which, and why)."""
+    """A read or check failed on another process (the message says which, why)."""
 
 
 def read_state(
