@@ -32,12 +32,13 @@ def _env() -> dict:
     return env
 
 
-def _results(script: str, what: str) -> dict:
-    """The pickled results a worker script writes to the path it is given."""
+def _results(script: str, what: str, before: tuple = (), after: tuple = ()) -> dict:
+    """The pickled results a worker script writes to the path it is given (its
+    arguments: `*before`, the path, `*after`)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "results.pkl"
         proc = subprocess.run(
-            [sys.executable, str(HERE / script), str(path)],
+            [sys.executable, str(HERE / script), *before, str(path), *after],
             check=False,
             capture_output=True,
             text=True,

@@ -11,8 +11,6 @@ in this process (1 device).
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _workers import HERE, TIMEOUT, _env, run_processes
+from _workers import _results, run_processes
 from jax.sharding import PartitionSpec as P
 
 import ciclo
@@ -31,22 +29,10 @@ TOL = 1e-5
 
 
 def _run(*args: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "out.pkl"
-        mode, devices, *rest = args
-        script = str(HERE / "_model_parallel_worker.py")
-        proc = subprocess.run(
-            [sys.executable, script, mode, devices, str(out), *rest],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            env=_env(),
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"worker {args} failed:\n{proc.stdout}\n{proc.stderr}")
-        with open(out, "rb") as f:
-            return pickle.load(f)
+    mode, devices, *rest = args
+    return _results(
+        "_model_parallel_worker.py", f"worker {args}", (mode, devices), tuple(rest)
+    )
 
 
 def _multihost(num_processes: int = 2) -> dict:
