@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import re
 import sys
 import time as _time
-import warnings
+from pathlib import Path
+from types import ModuleType
 
-with warnings.catch_warnings():
-    # pkbar imports pkg_resources, which warns that it is deprecated (setuptools
-    # >= 81): not the user's concern, and an error under `-W error`
-    warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
-    import pkbar
+
+def _load_pkbar() -> ModuleType:
+    """pkbar's bar module, without running `pkbar/__init__.py`.
+
+    That `__init__` imports `pkg_resources` only to read pkbar's own version;
+    setuptools >= 81 deprecates `pkg_resources` and the newest releases no longer
+    ship it, so importing the package fails in any environment where installing
+    e.g. tensorboard pulled the newest setuptools. The bar itself (`pkbar.pkbar`)
+    needs only numpy. Loaded from pkbar's installed files, the environment is left
+    as it is (nothing is installed or stubbed into `sys.modules`).
+    """
+    loaded = sys.modules.get("pkbar.pkbar")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.find_spec("pkbar")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'pkbar'", name="pkbar")
+    path = Path(next(iter(spec.submodule_search_locations))) / "pkbar.py"
+    module_spec = importlib.util.spec_from_file_location("ciclo._pkbar", path)
+    if module_spec is None or module_spec.loader is None:
+        raise ModuleNotFoundError(f"pkbar's bar module is missing ({path})", name="pkbar")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+pkbar = _load_pkbar()
 
 from ciclo._period import Period
 from ciclo.callbacks._bar import ProgressBar
