@@ -10,6 +10,10 @@ import time as _time
 from pathlib import Path
 from types import ModuleType
 
+from ciclo._period import Period
+from ciclo.callbacks._bar import ProgressBar
+from ciclo.callbacks._progress import format_duration
+
 
 def _load_pkbar() -> ModuleType:
     """pkbar's bar module, without running `pkbar/__init__.py`.
@@ -37,10 +41,6 @@ def _load_pkbar() -> ModuleType:
 
 
 pkbar = _load_pkbar()
-
-from ciclo._period import Period
-from ciclo.callbacks._bar import ProgressBar
-from ciclo.callbacks._progress import format_duration
 
 __all__ = ["keras_bar"]
 
