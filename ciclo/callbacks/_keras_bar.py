@@ -34,7 +34,9 @@ def _load_pkbar() -> ModuleType:
     path = Path(next(iter(spec.submodule_search_locations))) / "pkbar.py"
     module_spec = importlib.util.spec_from_file_location("ciclo._pkbar", path)
     if module_spec is None or module_spec.loader is None:
-        raise ModuleNotFoundError(f"pkbar's bar module is missing ({path})", name="pkbar")
+        raise ModuleNotFoundError(
+            f"pkbar's bar module is missing ({path})", name="pkbar"
+        )
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module
