@@ -556,3 +556,56 @@ def test_fresh_isolates_runs(spec, seq1, seq2):
     # a schedule already used directly still gives a clean copy
     run(shared, seq1)
     assert run(_fresh(shared), seq2) == run(build(spec), seq2)
+
+
+# Named schedules are closed under &, |, ~ and .every (API.md §5): each composition
+# is a named schedule again, usable as a task key of the predefined loops.
+def _epoch_end_steps(key, epochs=8):
+    def log(state, batch, elapsed):
+        return ciclo.logs().add_metric("at", elapsed.steps)
+
+    _, history, _ = ciclo.train_loop(None, range(2), {key: log}, epochs=epochs)
+    return history.collect("at")  # 2 batches per epoch: epoch k ends at step 2k-1
+
+
+def test_named_schedule_compositions_compose_again():
+    every_2nd = ciclo.on_epoch_end & ciclo.every(4)  # epoch ends after 4, 8, ... steps
+    assert _epoch_end_steps(every_2nd) == [3, 7, 11, 15]
+    assert _epoch_end_steps(every_2nd.every(2)) == [7, 15]  # every 2nd of those
+    assert _epoch_end_steps(ciclo.on_epoch_end.every(2).every(2)) == [7, 15]
+    assert _epoch_end_steps(ciclo.on_epoch_end.every(2).every(3)) == [11]
+    assert _epoch_end_steps(ciclo.on_epoch_end.every(2) & ciclo.after(9)) == [11, 15]
+
+
+def test_named_schedule_negation_and_union():
+    every_2nd = ciclo.on_epoch_end & ciclo.every(4)
+    assert _epoch_end_steps(~every_2nd) == [1, 5, 9, 13]
+    assert _epoch_end_steps(~ciclo.on_epoch_end.every(4)) == [1, 3, 5, 9, 11, 13]
+    assert _epoch_end_steps(~ciclo.on_epoch_end) == []
+    union = ciclo.on_epoch_end.every(4) | (ciclo.on_epoch_end & ciclo.after(11))
+    assert _epoch_end_steps(union) == [7, 11, 13, 15]
+    assert _epoch_end_steps(ciclo.on_epoch_end.every(4) | ciclo.after(14)) == [
+        7,
+        13,
+        15,
+    ]
+    assert _epoch_end_steps(ciclo.every(4) & ciclo.on_epoch_end) == [3, 7, 11, 15]
+    assert _epoch_end_steps(ciclo.on_epoch_end | ciclo.never()) == [
+        1,
+        3,
+        5,
+        7,
+        9,
+        11,
+        13,
+        15,
+    ]
+
+
+def test_named_schedules_of_two_places_do_not_combine():
+    with pytest.raises(TypeError, match="give both keys in `tasks`"):
+        ciclo.on_epoch_end | ciclo.on_train_end
+    with pytest.raises(TypeError, match="expected an ordinary schedule"):
+        (ciclo.on_epoch_end & ciclo.every(2)) & 3
+    with pytest.raises(ValueError, match="int >= 1"):
+        (ciclo.on_epoch_end & ciclo.every(2)).every(0)

@@ -36,7 +36,7 @@ class Schedule:
         return self
 
     def __and__(self, other: ScheduleLike) -> Schedule:
-        if isinstance(other, str):  # a named schedule: its __rand__ composes
+        if _named(other):  # a named schedule: its __rand__ composes
             return NotImplemented
         return And(self, _check(other, "&"))
 
@@ -44,6 +44,8 @@ class Schedule:
         return And(_check(other, "&"), self)
 
     def __or__(self, other: ScheduleLike) -> Schedule:
+        if _named(other):  # a named schedule: its __ror__ composes
+            return NotImplemented
         return Or(self, _check(other, "|"))
 
     def __ror__(self, other: ScheduleLike) -> Schedule:
@@ -51,6 +53,12 @@ class Schedule:
 
     def __invert__(self) -> Schedule:
         return Not(self)
+
+
+def _named(other: Any) -> bool:
+    """A named schedule (`ciclo.on_epoch_end`, or one composed from it): a place in
+    a predefined loop's order, which composes with ordinary schedules itself."""
+    return isinstance(other, str) or getattr(other, "__named_schedule__", False)
 
 
 def _check(other: Any, op: str) -> ScheduleLike:

@@ -5,13 +5,52 @@ Where each one runs is in `ciclo._loops.tables`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from ciclo._schedules.base import And, Schedule, fresh
+from ciclo._schedules.base import Schedule, fresh
 
 
-class NamedSchedule(str):
+class _Composable:
+    """The operators of a named schedule, one place (`name`) and the condition
+    checked there (`condition`: None = every time the place is reached). Every
+    operator returns a `When`, so named schedules are closed under `&`, `|`, `~`
+    and `.every`."""
+
+    __named_schedule__ = True
+    name: str
+    condition: Any
+
+    def every(self, n: int) -> When:
+        """Fires on the n-th, 2n-th, ... time this named schedule fires."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(
+                f"{self!r}.every(n): `n` must be an int >= 1, got {n!r}; e.g. "
+                f"ciclo.on_epoch_end.every(2) for every second epoch."
+            )
+        return When(self.name, Nth(self.condition, n))
+
+    def __and__(self, other: Any) -> When:
+        return When(self.name, _both(self.condition, _operand(self, other, "&")))
+
+    def __rand__(self, other: Any) -> When:
+        return self & other
+
+    def __or__(self, other: Any) -> When:
+        operand = _operand(self, other, "|")
+        if self.condition is None or (
+            isinstance(operand, Condition) and operand.always()
+        ):
+            return When(self.name, None)  # the place itself: already every time
+        return When(self.name, Either(_condition(self.condition), operand))
+
+    def __ror__(self, other: Any) -> When:
+        return self | other
+
+    def __invert__(self) -> When:
+        return When(self.name, Negated(_condition(self.condition)))
+
+
+class NamedSchedule(_Composable, str):
     """A named schedule (`ciclo.on_epoch_end`, ...): the string of its name, usable
     as a task key of the predefined loops, that also composes with a schedule.
 
@@ -19,8 +58,13 @@ class NamedSchedule(str):
     schedule runs, on the batches where `schedule` also fires (checked only
     then); `named.every(n)` runs them on every n-th firing (for `on_epoch_end` /
     `on_epoch_begin`: every n-th epoch, counted from the first epoch of the run, a
-    resumed run included). `|` and `~` have no meaning for a place in the loop's
-    order and raise a TypeError.
+    resumed run included). The operators compose the condition checked at that
+    place and always give a named schedule again (closed: `(ciclo.on_epoch_end &
+    ciclo.every(2)).every(2)`, `~(ciclo.on_epoch_end & ciclo.every(4))` — the epoch
+    ends where `every(4)` does not fire —, `ciclo.on_epoch_end.every(2) |
+    ciclo.after(100)`); `.every(n)` counts the firings of what it is applied to.
+    `~ciclo.on_epoch_end` alone never fires; `|` of two different places is a
+    TypeError (give both keys in `tasks`).
 
     The ordinary `schedule` is evaluated on the count at that place: the places
     after the batch's step (`on_epoch_end`, `on_reset_step`, `on_*_batch_end`) see
@@ -54,75 +98,160 @@ class NamedSchedule(str):
         [11, 15]
     """
 
-    def every(self, n: int) -> When:
-        """Fires on the n-th, 2n-th, ... time this named schedule fires."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(
-                f"{self}.every(n): `n` must be an int >= 1, got {n!r}; e.g. "
-                f"ciclo.on_epoch_end.every(2) for every second epoch."
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    condition = None
+
+
+def _operand(named: _Composable, other: Any, op: str) -> Any:
+    """The condition `other` adds at `named`'s place: an ordinary schedule (seen
+    at that place, `AtPlace`), or the condition of a named schedule of the same
+    place."""
+    if getattr(other, "__named_schedule__", False) or isinstance(other, str):
+        other_name = getattr(other, "name", str(other))
+        if ALIASES.get(other_name, other_name) != ALIASES.get(named.name, named.name):
+            raise TypeError(
+                f"{named!r} {op} {other!r}: two different places of the loop's order "
+                f"cannot be combined into one key; give both keys in `tasks` "
+                f"(e.g. {{{named.name}: [f], {other_name}: [f]}})."
             )
-        return When(str(self), every=n)
-
-    def __and__(self, other: Any) -> When:
-        return When(str(self), schedule=_at_place(self, _schedule(self, other)))
-
-    def __rand__(self, other: Any) -> When:
-        return self & other
-
-    def __or__(self, other: Any):
+        return _condition(getattr(other, "condition", None))
+    if not callable(other):
         raise TypeError(
-            f"{self!s} | {other!r:.40}: a named schedule is a place in the loop's "
-            f"order, so `|` has no meaning; give both keys in `tasks` instead, or use "
-            f"`{self!s} & schedule` to run at that place only when schedule fires."
+            f"{named!r} {op} {other!r:.60} ({type(other).__name__}): expected an "
+            f"ordinary schedule (a callable elapsed -> bool such as ciclo.every(100)) "
+            f"or a named schedule of the same place."
         )
-
-    __ror__ = __or__
-
-    def __invert__(self):
-        raise TypeError(
-            f"~{self!s}: a named schedule cannot be negated; use "
-            f"`{self!s} & ~schedule` to skip it when `schedule` fires."
-        )
+    return _at_place(named.name, other)
 
 
-def _schedule(named: str, other: Any) -> Any:
-    if isinstance(other, str) or not callable(other):
-        raise TypeError(
-            f"{named} & {other!r:.60} ({type(other).__name__}): expected an ordinary "
-            f"schedule (a callable elapsed -> bool such as ciclo.every(100)), since a "
-            f"batch has one place per named schedule."
-        )
-    return other
+class Condition:
+    """A node of the condition a `When` checks at its place, evaluated by `Place`
+    with the loop state at that place (`holds`); `fresh()` a loop-private copy."""
+
+    def holds(self, place: Place, x: Any) -> bool:
+        raise NotImplementedError
+
+    def fresh(self) -> Condition:
+        return self
+
+    def always(self) -> bool:
+        return False
 
 
-class AtPlace(Schedule):
-    """The ordinary operand of `named & schedule`, evaluated on the count at the
-    named schedule's place: `loop_state.elapsed_after` after the step, else
-    `loop_state.elapsed` (see `NamedSchedule`). It reads the loop state."""
+class Reached(Condition):
+    """The place itself: true every time it is reached."""
 
-    reads_loop_state = True
+    def holds(self, place: Place, x: Any) -> bool:
+        return True
+
+    def always(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "reached"
+
+
+def _condition(condition: Any) -> Any:
+    return Reached() if condition is None else condition
+
+
+def _both(a: Any, b: Any) -> Any:
+    return b if a is None else Both(a, b)
+
+
+class Nth(Condition):
+    """True on the n-th, 2n-th, ... time `inner` holds. Directly on an epoch place
+    it counts epochs (a resumed run's included), else the firings it saw."""
+
+    def __init__(self, inner: Any, n: int):
+        self.inner, self.n, self.count = inner, n, 0
+
+    def holds(self, place: Place, x: Any) -> bool:
+        if self.inner is None and place.epoch is not None:
+            number = place.epoch.count + place.begin
+        else:
+            if self.inner is not None and not self.inner.holds(place, x):
+                return False
+            self.count = number = self.count + 1
+        return number % self.n == 0
+
+    def fresh(self) -> Nth:
+        return Nth(None if self.inner is None else self.inner.fresh(), self.n)
+
+    def __repr__(self) -> str:
+        return f"{_condition(self.inner)!r}.every({self.n})"
+
+
+class Both(Condition):
+    """`a` and then, only when it holds, `b` (a gate is checked only when the
+    condition before it holds)."""
+
+    def __init__(self, a: Any, b: Any):
+        self.a, self.b = a, b
+
+    def holds(self, place: Place, x: Any) -> bool:
+        return self.a.holds(place, x) and self.b.holds(place, x)
+
+    def fresh(self) -> Both:
+        return Both(self.a.fresh(), self.b.fresh())
+
+    def __repr__(self) -> str:
+        return f"({self.a!r} & {self.b!r})"
+
+
+class Either(Condition):
+    """`a` or `b`, both always evaluated so that counting ones stay in step."""
+
+    def __init__(self, a: Any, b: Any):
+        self.a, self.b = a, b
+
+    def holds(self, place: Place, x: Any) -> bool:
+        a, b = self.a.holds(place, x), self.b.holds(place, x)
+        return a or b
+
+    def fresh(self) -> Either:
+        return Either(self.a.fresh(), self.b.fresh())
+
+    def __repr__(self) -> str:
+        return f"({self.a!r} | {self.b!r})"
+
+
+class Negated(Condition):
+    """Holds when `a` does not."""
+
+    def __init__(self, a: Any):
+        self.a = a
+
+    def holds(self, place: Place, x: Any) -> bool:
+        return not self.a.holds(place, x)
+
+    def fresh(self) -> Negated:
+        return Negated(self.a.fresh())
+
+    def __repr__(self) -> str:
+        return f"~{self.a!r}"
+
+
+class AtPlace(Condition):
+    """An ordinary schedule composed with a named one, evaluated on the count at
+    the named schedule's place: `loop_state.elapsed_after` after the step, else
+    `loop_state.elapsed` (see `NamedSchedule`). A schedule that reads the loop
+    state gets it as is."""
 
     def __init__(self, schedule: Any, after: bool):
         self.schedule, self.after = schedule, after
         self._passes_loop_state = bool(getattr(schedule, "reads_loop_state", False))
 
-    def __call__(self, loop_state: Any) -> bool:
+    def holds(self, place: Place, x: Any) -> bool:
         if self._passes_loop_state:
-            return self.schedule(loop_state)
-        return self.schedule(
-            loop_state.elapsed_after if self.after else loop_state.elapsed
-        )
+            return bool(self.schedule(x))
+        return bool(self.schedule(x.elapsed_after if self.after else x.elapsed))
 
     def fresh(self) -> AtPlace:
         return AtPlace(fresh(self.schedule), self.after)
-
-    def __eq__(self, other: Any) -> bool:
-        if not isinstance(other, AtPlace):
-            return NotImplemented
-        return self.schedule is other.schedule and self.after == other.after
-
-    def __hash__(self) -> int:
-        return hash((id(self.schedule), self.after))
 
     def __repr__(self) -> str:
         return repr(self.schedule)
@@ -132,23 +261,18 @@ def _at_place(name: str, schedule: Any) -> AtPlace:
     return AtPlace(schedule, after=ALIASES.get(name, name) not in BEFORE_THE_STEP)
 
 
-@dataclasses.dataclass(frozen=True)
-class When:
-    """A task key: `name`'s place in the loop, gated by `schedule` and/or `every`."""
+class When(_Composable):
+    """A task key: `name`'s place in the loop, gated by `condition` (a named
+    schedule composed with `&`, `|`, `~` or `.every`). Compared by identity: two
+    compositions are two task keys."""
 
-    name: str
-    schedule: Any = None
-    every: int | None = None
+    def __init__(self, name: str, condition: Any = None):
+        self.name, self.condition = str(name), condition
 
-    def __and__(self, other: Any) -> When:
-        other = _schedule(self.name, other)
-        if isinstance(self.schedule, AtPlace):
-            other = And(self.schedule.schedule, other)
-        elif self.schedule is not None:  # built directly (e.g. train_loop's own)
-            other = And(self.schedule, other)
-        return dataclasses.replace(self, schedule=_at_place(self.name, other))
-
-    __rand__ = __and__
+    def __repr__(self) -> str:
+        if self.condition is None:
+            return f"ciclo.{self.name}"
+        return f"ciclo.{self.name}[{self.condition!r}]"
 
 
 on_train_begin = NamedSchedule("on_train_begin")
@@ -214,10 +338,9 @@ class Place(Schedule):
 
     def __init__(self, name: str, epoch=None, when=None, begin=False):
         self.name, self.epoch, self.when, self.begin = name, epoch, when, begin
-        self.gate = None if when is None else fresh(when.schedule)
-        self.gate_reads = bool(getattr(self.gate, "reads_loop_state", False))
-        self.reads_loop_state = epoch is not None or self.gate_reads
-        self.count = 0  # firings, for `every` off the epoch ends
+        condition = None if when is None else when.condition
+        self.condition = None if condition is None else condition.fresh()
+        self.reads_loop_state = epoch is not None or self.condition is not None
 
     def __call__(self, elapsed_or_loop_state: Any) -> bool:
         x = elapsed_or_loop_state
@@ -226,20 +349,7 @@ class Place(Schedule):
         )
         if not fires:
             return False
-        if self.when is None:
-            return True
-        if self.when.every is not None:
-            if self.epoch is not None:  # the epoch's number, a resumed run's too
-                number = self.epoch.count + self.begin
-            else:
-                number = self.count = self.count + 1
-            if number % self.when.every:
-                return False
-        if self.gate is None:
-            return True
-        if self.reads_loop_state and not self.gate_reads:
-            x = x.elapsed
-        return bool(self.gate(x))
+        return self.condition is None or self.condition.holds(self, x)
 
     def __repr__(self) -> str:
         return repr(self.name) if self.when is None else repr(self.when)

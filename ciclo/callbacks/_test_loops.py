@@ -68,7 +68,7 @@ def test_loops(
             raise ValueError(
                 f"train_loop: `test_every` must be >= 1 epochs, got {test_every}."
             )
-        return [Gated(When(NESTED, every=test_every), loops)]
+        return [Gated(When(NESTED).every(test_every), loops)]
     if callable(test_every):
         return [Gated(When(NESTED) & test_every, loops)]  # sees elapsed_after
     raise TypeError(
