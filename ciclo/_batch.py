@@ -51,6 +51,29 @@ class Steps:
         return f"Steps(n={self.n}, samples={self.samples})"
 
 
+class Placed:
+    """A batch read ahead by the input stage, with its copy placed on the device
+    for `strategy` (`value`). The loop takes it apart: callbacks get `batch`, and
+    `loop_state.placed` holds this item for the batch's managed step, so the
+    placed copy travels with its batch (nothing is looked up by identity)."""
+
+    __slots__ = ("batch", "strategy", "value")
+
+    def __init__(self, batch: Any, strategy: Any, value: Any):
+        self.batch, self.strategy, self.value = batch, strategy, value
+
+    def __repr__(self) -> str:
+        return f"Placed({self.batch!r:.60})"
+
+
+def placed_for(item: Placed | None, strategy: Any) -> Any:
+    """The copy `item` placed for `strategy`, or None (not read ahead, or read
+    ahead for another strategy): the step then places the batch itself."""
+    if item is not None and item.strategy is strategy:
+        return item.value
+    return None
+
+
 def _leaves(batch: Any) -> list[Any]:
     """Leaves of a batch, looking inside dataclasses that are not registered pytrees."""
     common = type(batch) is tuple or type(batch) is list  # (x, y): no flatten

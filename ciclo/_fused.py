@@ -54,22 +54,67 @@ def _signature(batch: Any) -> tuple[Any, ...]:
     )
 
 
-def _stack(group: list[Any]) -> Any:
-    first = group[0]
-    kind = type(first)
-    if (kind is tuple or kind is list) and all(type(x) is np.ndarray for x in first):
-        return kind([np.stack([b[i] for b in group]) for i in range(len(first))])
-    if kind is dict and all(type(x) is np.ndarray for x in first.values()):
-        return {k: np.stack([b[k] for b in group]) for k in first}
+def _leaves(batch: Any) -> tuple[list[Any], Any]:
+    """The leaves of `batch` and how to rebuild it (`_rebuild`); a tuple, list or
+    dict of numpy arrays (the common batch) without flattening."""
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        if all(type(x) is np.ndarray for x in batch):
+            return list(batch), kind
+    elif kind is dict:
+        values = list(batch.values())
+        if all(type(x) is np.ndarray for x in values):
+            return values, list(batch)
+    return jax.tree.flatten(batch)
 
-    def stack(*xs: Any) -> Any:
-        if all(isinstance(x, np.ndarray | np.generic | int | float) for x in xs):
-            return np.stack(xs)
-        import jax.numpy as jnp
 
-        return jnp.stack(xs)
+def _rebuild(how: Any, leaves: list[Any]) -> Any:
+    if how is tuple or how is list:
+        return how(leaves)
+    if type(how) is list:
+        return dict(zip(how, leaves))
+    return jax.tree.unflatten(how, leaves)
 
-    return jax.tree.map(stack, *group)
+
+class _Group:
+    """The batches of one `Steps`, each copied into its slot of the stack as it is
+    read: a loader that refills one buffer for every batch still gives each step
+    its own batch, and the stack is built without `np.stack`'s second copy. Device
+    arrays and Python scalars (immutable) are kept and stacked at the end."""
+
+    def __init__(self, first: Any, k: int):
+        leaves, self.how = _leaves(first)
+        self.slots = [
+            np.empty((k, *x.shape), x.dtype) if isinstance(x, np.ndarray) else []
+            for x in leaves
+        ]
+        self.n = self.samples = 0
+
+    def add(self, batch: Any, size: int) -> None:
+        leaves, _ = _leaves(batch)
+        for slot, x in zip(self.slots, leaves):
+            if type(slot) is list:
+                slot.append(x)
+            else:
+                slot[self.n] = x
+        self.n += 1
+        self.samples += size
+
+    def steps(self) -> Steps:
+        n = self.n
+        stacked = [
+            _stack_values(slot) if type(slot) is list else slot[:n]
+            for slot in self.slots
+        ]
+        return Steps(_rebuild(self.how, stacked), n, self.samples)
+
+
+def _stack_values(xs: list[Any]) -> Any:
+    if all(isinstance(x, np.ndarray | np.generic | int | float) for x in xs):
+        return np.stack(xs)
+    import jax.numpy as jnp
+
+    return jnp.stack(xs)
 
 
 def fuse(
@@ -80,8 +125,10 @@ def fuse(
 ) -> Iterator[Steps]:
     """Groups consecutive batches of `dataset` into `Steps` of `steps_per_call`.
 
-    Batches are stacked on a new leading axis (numpy batches with `np.stack`,
-    device arrays with `jnp.stack`). A group ends early when the next batch has
+    Batches are stacked on a new leading axis: each numpy leaf is copied into its
+    slot of the stack when the batch is read (so a loader that refills one buffer
+    still gives each step its own batch), device arrays are stacked with
+    `jnp.stack`. A group ends early when the next batch has
     another structure, shape or dtype (e.g. a last partial batch), and at the end
     of the data: nothing is dropped, the last calls may be shorter. `Steps` in
     `dataset` pass through unchanged.
@@ -104,9 +151,8 @@ def fuse(
     k = check_steps(steps_per_call, "ciclo.fuse")
     iterator = iter(dataset)
     read = 0
-    group: list[Any] = []
-    samples = 0
-    signature = None
+    group: _Group | None = None
+    signature = size = None
     while True:
         if limit is not None and read >= limit:
             break
@@ -115,27 +161,27 @@ def fuse(
         except StopIteration:
             break
         if type(batch) is Steps:
-            if group:
-                yield Steps(_stack(group), len(group), samples)
-                group, samples = [], 0
+            if group is not None:
+                yield group.steps()
+                group = None
             read += batch.n
             yield batch
             continue
         read += 1
         current = _signature(batch)
-        if group and current != signature:
-            yield Steps(_stack(group), len(group), samples)
-            group, samples = [], 0
-        if not group:  # the group's batches have equal shapes, so equal sizes
+        if group is not None and current != signature:
+            yield group.steps()
+            group = None
+        if group is None:  # the group's batches have equal shapes, so equal sizes
             size = batch_size(batch, batch_size_fn)
+            group = _Group(batch, k)
         signature = current
-        group.append(batch)
-        samples += size
-        if len(group) == k or (limit is not None and read >= limit):
-            yield Steps(_stack(group), len(group), samples)
-            group, samples = [], 0
-    if group:
-        yield Steps(_stack(group), len(group), samples)
+        group.add(batch, size)
+        if group.n == k or (limit is not None and read >= limit):
+            yield group.steps()
+            group = None
+    if group is not None:
+        yield group.steps()
 
 
 def fuse_passes(

@@ -62,6 +62,7 @@ class LoopState:
         "history",
         "logs",
         "metadata",
+        "placed",
         "state",
         "stop_iteration",
         "stopping",
@@ -77,6 +78,9 @@ class LoopState:
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
         self.error: BaseException | None = None  # what the loop is ending with
+        # the batch's copy placed ahead by the input stage (a `ciclo._batch.Placed`)
+        # or None; a managed step uses it instead of placing the batch again
+        self.placed = None
 
     @property
     def accumulated_logs(self) -> Logs:

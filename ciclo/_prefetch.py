@@ -7,9 +7,13 @@ strategy that leaves batches to `jit` — `jit`, `eager` — through a compiled
 identity, whose argument transfer costs the host far less than `jax.device_put`;
 a fused `Steps` in the layout its compiled call takes). Placement is
 asynchronous, so the transfers of the next batches run while the device
-computes the steps already dispatched. The loop and the callbacks still get the
-dataset's own batch (counted, logged and checkpointed as without read-ahead); a
-managed step finds its placed copy with `placed` instead of placing it again.
+computes the steps already dispatched. The reader hands out `Placed(batch,
+strategy, copy)` items: the loop gives callbacks the batch (counted, logged and
+checkpointed as without read-ahead) and keeps the item in `loop_state.placed`,
+where the batch's managed step finds its placed copy instead of placing it again.
+A batch read ahead is copied on the host when it is read (numpy leaves; a fused
+`Steps` is already a fresh stack, see `ciclo._fused`): reading the next batch
+cannot change it, so a loader that refills one buffer trains on the right data.
 
 Design (measured on an NVIDIA H100, see docs/performance.md): the read-ahead runs
 inline in the caller's thread. A thread per batch was slower on a dispatch-bound
@@ -35,14 +39,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from ciclo._batch import Steps
+from ciclo._batch import Placed, Steps
 from ciclo._resume import checkpointable
 
 __all__ = [
     "AUTO_MIN_BYTES",
     "Prefetch",
     "check_prefetch",
-    "placed",
     "placer",
     "prefetch_passes",
 ]
@@ -54,10 +57,6 @@ __all__ = [
 # of a jitted call), so placing ahead cannot pay: the small-model row ran at 0.74x
 # with one-ahead `device_put`; the compute-bound model (4 MiB batches) at 1.09x.
 AUTO_MIN_BYTES = 256 * 1024
-
-# the last batches handed out by a `Prefetch` with their placed copies:
-# (batch, strategy, placed, reader); a managed step looks its batch up by identity
-_HANDED: collections.deque = collections.deque(maxlen=2)
 
 
 def check_prefetch(prefetch: Any, where: str) -> int | None:
@@ -72,15 +71,6 @@ def check_prefetch(prefetch: Any, where: str) -> int | None:
             f"{prefetch!r}."
         )
     return prefetch
-
-
-def placed(batch: Any, strategy: Any) -> Any:
-    """The placed copy of `batch` for `strategy` if a `Prefetch` placed it, else
-    None (the step then places the batch itself)."""
-    for item in _HANDED:
-        if item[0] is batch and item[1] is strategy:
-            return item[2]
-    return None
 
 
 def placer(state: Any, depth: int | None) -> Callable[[Any], Any] | None:
@@ -100,6 +90,14 @@ def placer(state: Any, depth: int | None) -> Callable[[Any], Any] | None:
     except ValueError:
         return None
     return lambda batch: (strategy, place_ahead(strategy, batch))
+
+
+def _host_copy(batch: Any) -> Any:
+    """`batch` with its numpy leaves copied (others are immutable)."""
+    kind = type(batch)
+    if (kind is tuple or kind is list) and all(type(x) is np.ndarray for x in batch):
+        return kind([x.copy() for x in batch])
+    return jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, batch)
 
 
 def _host_bytes(batch: Any) -> int:
@@ -136,10 +134,11 @@ class Prefetch:
 
     Example:
         >>> from ciclo._prefetch import Prefetch
-        >>> it = Prefetch(iter(range(5)), lambda b: (None, b), depth=2)
-        >>> next(it), it.ahead
-        (0, 2)
-        >>> list(it)
+        >>> it = Prefetch(iter(range(5)), lambda b: ("cpu", b * 10), depth=2)
+        >>> item = next(it)
+        >>> item.batch, item.value, it.ahead
+        (0, 0, 2)
+        >>> [item.batch for item in it]
         [1, 2, 3, 4]
     """
 
@@ -188,8 +187,14 @@ class Prefetch:
         except Exception as error:  # the dataset's: raised when its batch is due
             self._error = error
             return False
-        if left is not None:
-            left[0] -= batch.n if type(batch) is Steps else 1
+        if type(batch) is Steps:
+            if left is not None:
+                left[0] -= batch.n
+        else:
+            if left is not None:
+                left[0] -= 1
+            if self._depth != 0:  # the next read must not change it (one buffer)
+                batch = _host_copy(batch)
         position = self._source.get_state() if self._saves else None
         self._queue.append([batch, _UNPLACED, position])
         return True
@@ -223,7 +228,7 @@ class Prefetch:
         if self._saves:
             self._marks.append((self.handed, self._position))
         if where is not None and where is not _UNPLACED:
-            _HANDED.append((batch, *where, self))
+            return Placed(batch, *where)
         return batch
 
     def _get_state(self) -> Any:
@@ -237,12 +242,10 @@ class Prefetch:
         self._position = state
 
     def close(self, consumed: int | None = None) -> None:
-        """Forgets the placed batches; puts a checkpointable source back after the
+        """Puts a checkpointable source back after the
         last batch consumed (the first `consumed` steps handed out; default: all),
         so the batches read ahead, or handed out but not trained on (Ctrl-C in
         the middle of a batch), are read again by whoever iterates next."""
-        for item in [item for item in _HANDED if item[3] is self]:
-            _HANDED.remove(item)
         if not self._saves:
             return
         target = self._position

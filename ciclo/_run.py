@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ciclo._batch import Steps, batch_size
+from ciclo._batch import Placed, Steps, batch_size
 from ciclo._logs import Logs
 from ciclo._loop_state import committed
 
@@ -51,6 +51,10 @@ class Run:
         if stop is not None and stop.reached(current):
             iterator = iter(())
         for batch in iterator:
+            if type(batch) is Placed:  # read ahead: its placed copy rides along
+                ls.placed, batch = batch, batch.batch
+            else:
+                ls.placed = None
             ls.batch, ls.elapsed, ls.logs = batch, current, new_logs(Logs)
             if not self.started:  # with the first batch, before its tasks
                 self._on_start()

@@ -21,7 +21,7 @@ import jax
 
 import ciclo
 from ciclo import managed
-from ciclo._prefetch import placed
+from ciclo._batch import placed_for
 from ciclo.managed._placement import place_ahead
 
 assert jax.device_count() == 4, jax.devices()
@@ -39,7 +39,8 @@ def step(state, batch):
 
 fused = managed.train_step(step.fn, steps_per_call=4)
 data = m.dataset(steps=10)
-ids = {id(b): i for i, b in enumerate(data)}
+ids = {b[0].tobytes(): i for i, b in enumerate(data)}  # a batch read ahead is a copy
+assert len(ids) == len(data)
 
 
 class Source:
@@ -64,10 +65,11 @@ for name in ["data_parallel", "sharded"]:
             source, rows, read, ok = Source(), [], [], []
 
             def spy(
-                state, batch, elapsed, *, strategy=strategy, prefetch=prefetch,
-                ok=ok, label=label, rows=rows, read=read, source=source,
+                state, batch, elapsed, loop_state, *, strategy=strategy,
+                prefetch=prefetch, ok=ok, label=label, rows=rows, read=read,
+                source=source,
             ):  # fmt: skip
-                ahead = placed(batch, strategy)
+                ahead = placed_for(loop_state.placed, strategy)
                 if prefetch:
                     want = place_ahead(strategy, batch)
                     ok.append(
@@ -81,13 +83,13 @@ for name in ["data_parallel", "sharded"]:
                     )
                 if label:
                     rows.extend(
-                        (ids[id(b)], elapsed.steps + i)
+                        (ids[b[0].tobytes()], elapsed.steps + i)
                         for i, b in enumerate(
                             data[elapsed.steps : elapsed.steps + batch.n]
                         )
                     )
                 else:
-                    rows.append((ids[id(batch)], elapsed.steps))
+                    rows.append((ids[batch[0].tobytes()], elapsed.steps))
                 read.append(source.read)
 
             state, history, elapsed = ciclo.train_loop(

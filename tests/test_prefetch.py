@@ -68,17 +68,23 @@ class Source:
         self.index = state["next_index"]
 
 
+def content(batch):
+    return jax.tree.leaves(batch)[0].tobytes()
+
+
 class Spy:
-    """A callback recording, per batch: the batch's index in `data` (by
-    identity), `elapsed.steps`, and how many batches the source had read."""
+    """A callback recording, per batch: the batch's index in `data` (by content:
+    a batch read ahead is a copy), `elapsed.steps`, and how many batches the
+    source had read."""
 
     def __init__(self, data, source=None):
-        self.ids = {id(b): i for i, b in enumerate(data)}
+        self.ids = {content(b): i for i, b in enumerate(data)}
+        assert len(self.ids) == len(data)
         self.source, self.rows = source, []
 
     def __call__(self, state, batch, elapsed, loop_state):
         read = None if self.source is None else self.source.read
-        self.rows.append((self.ids.get(id(batch)), elapsed.steps, read))
+        self.rows.append((self.ids.get(content(batch)), elapsed.steps, read))
 
 
 def params_equal(a, b):

@@ -19,10 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo._batch import Steps
+from ciclo._batch import Placed, Steps, placed_for
 from ciclo._callback import arity, describe, split_output
 from ciclo._logs import Logs
-from ciclo._prefetch import placed
 from ciclo._short import short
 from ciclo._strategies.base import Collectives, Strategy
 from ciclo._strategies.registry import get_strategy
@@ -107,6 +106,17 @@ class ManagedStep(LoopElement):
     def __call__(
         self, state: Any, batch: Any = None, elapsed: Any = None
     ) -> tuple[Logs, Any]:
+        return self._run(state, batch, elapsed, None)
+
+    def __loop_callback__(self, loop_state: Any) -> tuple[Logs, Any]:
+        """In a loop: the batch's copy placed ahead by the input stage, if any,
+        comes with the loop state (`loop_state.placed`)."""
+        ls = loop_state
+        return self._run(ls.state, ls.batch, ls.elapsed, ls.placed)
+
+    def _run(
+        self, state: Any, batch: Any, elapsed: Any, ahead: Placed | None
+    ) -> tuple[Logs, Any]:
         name = getattr(state, "strategy", None)
         if not isinstance(name, str):
             raise TypeError(
@@ -116,7 +126,7 @@ class ManagedStep(LoopElement):
             )
         strategy = get_strategy(name)
         if type(batch) is Steps:
-            return self._call_fused(strategy, state, batch, elapsed)
+            return self._call_fused(strategy, state, batch, elapsed, ahead)
         compiled = self._compiled.get(strategy)
         if compiled is None:
             if self.grad and not hasattr(state, "params"):
@@ -131,8 +141,8 @@ class ManagedStep(LoopElement):
         if self._arity < 2:
             batch = None
         else:
-            ahead = placed(batch, strategy)  # read ahead and placed by the loop
-            batch = strategy.place_batch(batch) if ahead is None else ahead
+            copy = placed_for(ahead, strategy)  # read ahead and placed by the loop
+            batch = strategy.place_batch(batch) if copy is None else copy
         if self._arity < 3:
             elapsed = None
         elif type(elapsed) is Elapsed and compiles(strategy):
@@ -143,7 +153,12 @@ class ManagedStep(LoopElement):
         return logs, state
 
     def _call_fused(
-        self, strategy: Strategy, state: Any, steps: Steps, elapsed: Any
+        self,
+        strategy: Strategy,
+        state: Any,
+        steps: Steps,
+        elapsed: Any,
+        ahead: Placed | None,
     ) -> tuple[Logs, Any]:
         """Runs the `steps.n` steps of a fused batch in one compiled call."""
         mode = self.fused_logs or getattr(state, "fused_logs", None) or "all"
@@ -159,7 +174,7 @@ class ManagedStep(LoopElement):
             )
         batch = None
         if self._arity >= 2:
-            batch = placed(steps, strategy)  # stacked and placed ahead by the loop
+            batch = placed_for(ahead, strategy)  # stacked and placed ahead
             if batch is None and steps.batch is not None:
                 batch = steps.batch
                 if not step_major:
