@@ -155,19 +155,45 @@ def _check_state(new: Any, old: Any, callback: Any) -> None:
     )
 
 
+def _check_pair(output: tuple, old: Any, callback: Any) -> None:
+    """A 2-tuple `(dict, other)` is read as `(logs, state)`. When the state is
+    itself a pair that `output` matches (e.g. `(params_dict, opt_state)`) and
+    `other` does not, the callback most likely returned its new tuple state bare:
+    reading it as logs would log the params and make `opt_state` the state."""
+    if type(old) is not tuple or len(old) != 2:
+        return
+    structure = jax.tree.structure
+    if structure(output) == structure(old) and structure(output[1]) != structure(old):
+        raise TypeError(
+            f"Callback {describe(callback)} returned ({type(output[0]).__name__}, "
+            f"{type(output[1]).__name__}), which has the structure of the state (a "
+            f"pair). Read as (logs, state) it would log the first element and make "
+            f"the second the state; read as the new state it would be a tuple "
+            f"state. Return (None, state) for a tuple state, or (logs, state) with "
+            f"logs from ciclo.logs()."
+        )
+
+
 class Apply:
     """Applies a callback's output to the loop state; checks the first state it
-    returns against the state it got (once per callback, never per step)."""
+    returns against the state it got, and a first `(dict, other)` pair against a
+    pair state (once per callback, never per step)."""
 
-    __slots__ = ("callback", "checked", "where")
+    __slots__ = ("callback", "checked", "paired", "where")
 
     def __init__(self, callback: Any, where: str):
         self.callback, self.where, self.checked = callback, where, False
+        self.paired = False
 
     def __call__(self, output: Any, ls: LoopState) -> None:
         if output is None:
             return
         callback = self.callback
+        if not self.paired and type(output) is tuple:
+            self.paired = True
+            first = output[0] if len(output) == 2 else None
+            if isinstance(first, Mapping) and not isinstance(first, Logs):
+                _check_pair(output, ls.state, callback)
         if type(output) is Logs:  # the common outputs first, as split_output reads
             logs, state = output, None
         else:

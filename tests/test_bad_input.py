@@ -445,3 +445,33 @@ def test_no_error_message_embeds_a_multi_line_array_repr():
             assert len(str(info.value)) < 600 and str(info.value).count("\n") <= 1, str(
                 info.value
             )
+
+
+def test_a_pair_state_returned_bare_is_an_error_at_step_0():
+    # a step returning its new (params_dict, opt_state) state without (logs, state)
+    # would be read as logs=params, state=opt_state; the error comes at step 0
+    state = ({"w": np.ones(2)}, np.zeros(2))
+
+    def step(state, batch):
+        params, opt = state
+        return {"w": params["w"] - 0.1}, opt + 1  # bare pair: ambiguous
+
+    with pytest.raises(
+        TypeError, match=r"Return \(None, state\) for a tuple state"
+    ) as e:
+        ciclo.loop(state, range(3), {ciclo.every(1): step})
+    assert "structure of the state" in str(e.value)
+    assert "raised at step 0" in "".join(getattr(e.value, "__notes__", []))
+
+    def good(state, batch):  # the same step, unambiguous: both readings work
+        params, opt = state
+        return None, ({"w": params["w"] - 0.1}, opt + 1)
+
+    (params, opt), _, _ = ciclo.loop(state, range(3), {ciclo.every(1): good})
+    np.testing.assert_allclose(params["w"], 0.7)
+
+    def logs_and_pair(state, batch):  # (logs dict, pair state): logs as ever
+        return {"metrics": {"m": 1.0}}, state
+
+    _, history, _ = ciclo.loop(state, range(2), {ciclo.every(1): logs_and_pair})
+    assert history.collect("m") == [1.0, 1.0]
