@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 from ciclo._logs import Logs
 
@@ -120,6 +121,23 @@ class Strategy:
         """Places a batch (e.g. splits or shards it across devices)."""
         return batch
 
+    @property
+    def steps_major(self) -> bool:
+        """Whether `place_steps` keeps a fused batch's `(steps, batch, ...)`
+        layout: a strategy that places batches as they are (`jit`, `eager`) does;
+        one that overrides `place_batch` but not `place_steps` does not."""
+        return type(self).place_batch is Strategy.place_batch
+
+    def place_steps(self, batch: Any) -> Any:
+        """Places a fused batch, each leaf `(steps, batch, ...)`, for the fused
+        call: by default the layout `place_batch` takes, batch-major `(batch,
+        steps, ...)` (swapped back inside the call), unless the strategy places
+        batches as they are; a strategy that can shard the batch axis in place
+        overrides this and sets `steps_major = True`."""
+        if type(self).place_batch is Strategy.place_batch:
+            return batch
+        return self.place_batch(jax.tree.map(_batch_major, batch))
+
     def wrap(self, fn: Step, *, donate: bool = False) -> Step:
         """Returns the function that runs `fn(state, batch, elapsed) -> (logs,
         state)` under this strategy.
@@ -140,6 +158,18 @@ class Strategy:
             32
         """
         return batch_size
+
+
+def _batch_major(x: Any) -> Any:
+    """A fused leaf `(steps, batch, ...)` as `(batch, steps, ...)`."""
+    if np.ndim(x) < 2:
+        raise ValueError(
+            f"Fused steps: a leaf of shape {np.shape(x)} has no batch axis (fused "
+            f"leaves are (steps, batch, ...)); give every batch leaf a batch axis."
+        )
+    if isinstance(x, np.ndarray | np.generic):
+        return np.swapaxes(x, 0, 1)
+    return jax.numpy.swapaxes(x, 0, 1)
 
 
 def is_stateful_metric(value: Any) -> bool:

@@ -211,36 +211,58 @@ class Sharded(Strategy):
         )
 
     def place_batch(self, batch: Any) -> Any:
+        return self._place(batch, axis=0)
+
+    # a fused batch (steps, batch, ...) is placed as it is, sharded on its batch
+    # axis: no transpose on the host, none on the device
+    steps_major = True
+
+    def place_steps(self, batch: Any) -> Any:
+        return self._place(batch, axis=1)
+
+    def _place(self, batch: Any, axis: int) -> Any:
+        """`batch` with each leaf's axis `axis` split on the data axis (scalars
+        replicated): in one process one `jax.device_put` of the whole tree, on
+        several each process's local slice per leaf."""
         mesh = self.mesh
         replicated = NamedSharding(mesh, P())
-        data = NamedSharding(mesh, P(self.data_axis))
+        data = NamedSharding(mesh, P(*([None] * axis), self.data_axis))
         local = self._local_data_shards()
-
-        def shard(x: Any) -> Any:
+        leaves, tree = jax.tree.flatten(batch)
+        shardings = []
+        for x in leaves:
             shape = np.shape(x)
-            if not shape:
-                return jax.device_put(x, replicated)
-            if shape[0] % local:
-                where = (
-                    f"{local} local data shards ({jax.device_count()} devices in "
-                    f"{jax.process_count()} processes, mesh {dict(mesh.shape)})"
-                    if jax.process_count() > 1
-                    else f"{local} devices"
-                    + (
-                        f" of axis {self.data_axis!r}"
-                        if len(mesh.axis_names) > 1
-                        else ""
-                    )
-                )
-                raise ValueError(
-                    f"Strategy {self.name!r}: a batch of size {shape[0]} (leaf "
-                    f"shape {shape}) does not split evenly across {where}. Use a "
-                    f"batch size that is a multiple of {local}, or drop the last "
-                    f"partial batch."
-                )
-            return jax.make_array_from_process_local_data(data, x)
+            if len(shape) <= axis:
+                shardings.append(replicated)
+                continue
+            if shape[axis] % local:
+                raise ValueError(self._uneven(shape, axis, local))
+            shardings.append(data)
+        if jax.process_count() == 1:
+            return jax.device_put(batch, jax.tree.unflatten(tree, shardings))
+        placed = [
+            jax.device_put(x, sharding)
+            if sharding is replicated
+            else jax.make_array_from_process_local_data(sharding, x)
+            for x, sharding in zip(leaves, shardings)
+        ]
+        return jax.tree.unflatten(tree, placed)
 
-        return jax.tree.map(shard, batch)
+    def _uneven(self, shape: tuple[int, ...], axis: int, local: int) -> str:
+        mesh = self.mesh
+        where = (
+            f"{local} local data shards ({jax.device_count()} devices in "
+            f"{jax.process_count()} processes, mesh {dict(mesh.shape)})"
+            if jax.process_count() > 1
+            else f"{local} devices"
+            + (f" of axis {self.data_axis!r}" if len(mesh.axis_names) > 1 else "")
+        )
+        return (
+            f"Strategy {self.name!r}: a batch of size {shape[axis]} (leaf "
+            f"shape {shape}) does not split evenly across {where}. Use a "
+            f"batch size that is a multiple of {local}, or drop the last "
+            f"partial batch."
+        )
 
     def lift_batch_size(self, batch_size: int) -> int:
         """Each data shard gets `batch_size` samples: `batch_size` times the size

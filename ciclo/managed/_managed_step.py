@@ -28,7 +28,7 @@ from ciclo._strategies.registry import get_strategy
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.managed._fused_steps import at_step, check_fused, fold
-from ciclo.managed._placement import batch_major, compiles, pack, unpack, unpacking
+from ciclo.managed._placement import compiles, pack, unpack, unpacking
 from ciclo.managed._step_logs import accumulate, grad_logs, reduce_logs, total_loss
 
 __all__ = ["GradsFn", "ManagedStep", "UserStep"]
@@ -164,7 +164,7 @@ class ManagedStep(LoopElement):
         mode = self.fused_logs or getattr(state, "fused_logs", None) or "all"
         # a strategy that places batches as they are (jit, eager) scans the leading
         # axis directly; the others place (B, n, ...) so they split the batch axis
-        step_major = type(strategy).place_batch is Strategy.place_batch
+        step_major = strategy.steps_major
         key = (strategy, mode, step_major)
         compiled = self._fused.get(key)
         if compiled is None:
@@ -176,10 +176,7 @@ class ManagedStep(LoopElement):
         if self._arity >= 2:
             batch = placed_for(ahead, strategy)  # stacked and placed ahead
             if batch is None and steps.batch is not None:
-                batch = steps.batch
-                if not step_major:
-                    batch = jax.tree.map(lambda x: batch_major(x, strategy), batch)
-                batch = strategy.place_batch(batch)
+                batch = strategy.place_steps(steps.batch)
         # only what the call uses goes to the device: the step indices when there
         # is no batch to count them, `elapsed` (packed) when the step takes it
         index = np.arange(steps.n, dtype=np.int32) if batch is None else None

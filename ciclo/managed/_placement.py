@@ -12,14 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ciclo._batch import Steps
 from ciclo._strategies.base import Strategy
 from ciclo._time import Elapsed
 
-__all__ = ["batch_major", "compiles", "pack", "place_ahead", "unpack", "unpacking"]
+__all__ = ["compiles", "pack", "place_ahead", "unpack", "unpacking"]
 
 _INT = jax.dtypes.canonicalize_dtype(np.int64)
 _FLOAT = jax.dtypes.canonicalize_dtype(np.float64)
@@ -61,15 +60,15 @@ def compiles(strategy: Strategy) -> bool:
 
 def place_ahead(strategy: Strategy, batch: Any) -> Any:
     """`batch` placed for a managed step under `strategy`, as the step would place
-    it (a fused `Steps`: its stacked batch, in the layout the fused call takes);
-    on the device even for a strategy that leaves batches to `jit` (`jit`,
+    it (a fused `Steps`: its stacked batch, as `Strategy.place_steps` lays it
+    out); on the device even for a strategy that leaves batches to `jit` (`jit`,
     `eager`). Used to place batches ahead of their step (`ciclo._prefetch`)."""
     as_is = type(strategy).place_batch is Strategy.place_batch
     if type(batch) is Steps:
         batch = batch.batch
         if not as_is:
-            batch = jax.tree.map(lambda x: batch_major(x, strategy), batch)
-    if not as_is:
+            return strategy.place_steps(batch)
+    elif not as_is:
         return strategy.place_batch(batch)
     # a transfer, never an executable: on an accelerator, executions and the input
     # copies they make are ordered on the device, so a compiled identity for batch
@@ -81,17 +80,3 @@ def place_ahead(strategy: Strategy, batch: Any) -> Any:
     # placement: allowed under a transfer guard.
     with jax.transfer_guard_host_to_device("allow"):
         return jax.device_put(batch)
-
-
-def batch_major(x: Any, strategy: Strategy) -> Any:
-    """A fused leaf `(n, B, ...)` as `(B, n, ...)`, for a strategy that places
-    batches on their first axis (split or sharded)."""
-    if np.ndim(x) < 2:
-        raise ValueError(
-            f"Fused steps under strategy {strategy.name!r}: a leaf of shape "
-            f"{np.shape(x)} has no batch axis (fused leaves are (steps, batch, "
-            f"...)); give every batch leaf a batch axis."
-        )
-    if isinstance(x, np.ndarray | np.generic):
-        return np.swapaxes(x, 0, 1)
-    return jnp.swapaxes(x, 0, 1)
