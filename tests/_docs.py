@@ -29,7 +29,10 @@ def pages() -> list[pathlib.Path]:
 
 
 def page_name(page: pathlib.Path) -> str:
-    return page.relative_to(ROOT).as_posix()
+    """ "README.md", "docs/loop.md": the page's path in the checkout."""
+    if page.is_relative_to(ROOT):
+        return page.relative_to(ROOT).as_posix()
+    return page.name
 
 
 SKIP = re.compile(r"^[ \t]*<!--\s*docs:\s*skip(?P<why>[^>]*)-->[ \t]*$")
@@ -51,6 +54,10 @@ def fences(text: str) -> list[Fence]:
     out, i = [], 0
     while i < len(lines):
         match = _OPEN.match(lines[i])
+        if match and match.group("fence")[0] == "`":
+            # CommonMark: after a backtick fence, no backtick (``` ``x`` ``` is code)
+            rest = lines[i][match.end("fence") :]
+            match = None if "`" in rest else match
         if not match:
             i += 1
             continue

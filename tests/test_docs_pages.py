@@ -109,9 +109,9 @@ def test_a_page_runs_without_any_prelude(tmp_path):
     )
     result = run_page(page, tmp_path, name="docs/page.md")
     assert result.returncode == 1, result.stderr
-    assert "docs/page.md: python block 3 (line 16) failed" in result.stderr
+    assert "docs/page.md: python block 3 (line 19) failed" in result.stderr
     assert "NameError: name 'state' is not defined" in result.stderr
-    assert 'File "docs/page.md", line 17' in result.stderr  # the page's own line
+    assert 'File "docs/page.md", line 20' in result.stderr  # the page's own line
 
 
 def test_a_page_is_one_namespace_run_in_order(tmp_path):
