@@ -123,6 +123,7 @@ def run_page(page: pathlib.Path, cwd: pathlib.Path, name: str | None = None):
         filter(None, [str(ROOT), env.get("PYTHONPATH")])
     )
     env.pop("XLA_FLAGS", None)  # the page sees the machine's own devices
+    env["TMPDIR"] = str(cwd)  # what a page puts in tempfile.mkdtemp() is cleaned up
     return subprocess.run(
         [sys.executable, "-c", _RUNNER],
         input=json.dumps([name or page_name(page), blocks]),

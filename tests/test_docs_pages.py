@@ -88,7 +88,15 @@ def test_the_page_runs_as_pasted(page, tmp_path):
     if not python_blocks(page):
         return  # nothing to run: a page of prose and tables
     result = run_page(page, tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-6000:]
+    failed = re.search(
+        r"^.*: python block \d+ \(line \d+\) failed:$", result.stderr, re.M
+    )
+    assert result.returncode == 0, (
+        (failed.group(0) if failed else f"{page_name(page)} failed")
+        + "\n"
+        + result.stdout[-2000:]
+        + result.stderr[-6000:]
+    )
 
 
 def _page(tmp_path, text):
