@@ -1,7 +1,7 @@
-"""`skip_if_optional_missing`: a subprocess (an example, a README or docs block) that
-failed only because an optional package is not installed skips its test, with the
-package named, instead of failing. CI installs `ciclo[test]`, which has them all,
-so there they run."""
+"""`skip_if_optional_missing`: a subprocess (an example script) that failed only
+because an optional package is not installed skips its test, with the package
+named, instead of failing. CI installs `ciclo[test]`, which has them all, so there
+they run. (The documentation pages never skip: tests/test_docs_pages.py.)"""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def skip_if_optional_missing(returncode: int, stderr: str) -> None:
 def run_or_skip(
     args: list[str], *, cwd, env: dict | None = None, input: str | None = None
 ) -> subprocess.CompletedProcess:
-    """Runs a script (an example, README or docs blocks) in a subprocess: skips the
+    """Runs a script (an example) in a subprocess: skips the
     test when it failed only on a missing optional package, else asserts it ran."""
     result = subprocess.run(
         args, input=input, cwd=cwd, env=env, capture_output=True, text=True,

@@ -1,82 +1,47 @@
-"""The documentation site (`docs/`, `mkdocs.yml`) is tested like the README.
+"""The documentation (`README.md`, `docs/*.md`, `mkdocs.yml`) is tested as pages a
+reader runs.
 
-- Every ```python block of `docs/*.md` runs, as a reader would paste it: the blocks
-  of one `##` section run in order in one namespace (the text before the first
-  `##` is a section too), starting from the README test's prelude (stand-ins for
-  `state`, `train_step`, `dataset`, ...). A block right after
-  `<!-- docs: skip (why) -->` is not run, and the reason is required.
+- Every page runs as pasted: its ```python blocks, top to bottom, in one fresh
+  interpreter and one namespace, with nothing defined beforehand (no prelude): a
+  page defines or imports everything it uses. The working directory is a temporary
+  one, so what a page writes stays out of the checkout. A failure names the page,
+  the block's number and its line. A block right after `<!-- docs: skip (why) -->`
+  is not run, and the reason is required; code that is only shown (shell commands,
+  output, another library's code) is fenced with another language (```text,
+  ```bash), and a Python fence under another name (```py) is an error, since it
+  would silently not run. (`tests/_docs.py` reads the pages.)
 - The API reference (`docs/api.md`) has an entry for every public name of `ciclo`
   and `ciclo.managed`, read from their `__all__` now, so a name added later without
   an entry fails here.
 - `mkdocs build --strict` passes (no broken link, no missing reference, no docstring
   griffe cannot read) and the built API page has an anchor for every public name.
   It needs the `[docs]` extra; without it that test is skipped (CI installs it).
+
+The guides' hand-written signatures are checked in `tests/test_docs_signatures.py`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
-from _optional import run_or_skip
-from test_readme import _PRELUDE
+from _docs import ROOT, fences, page_name, pages, python_blocks, run_page
 
 import ciclo
 from ciclo import managed
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = sorted(DOCS.glob("*.md"))
-
-_BLOCK = re.compile(
-    r"(<!-- docs: skip(?P<why>[^>]*)-->\s*)?```python\n(?P<code>.*?)```", re.S
-)
-
-
-def _sections(page: pathlib.Path) -> list[tuple[str, list[tuple[int, str]]]]:
-    """[(section title, [(line, code), ...]), ...] of the blocks that run."""
-    text = page.read_text()
-    out, offset = [], 0
-    for section in re.split(r"\n(?=## )", text):
-        start = text.index(section, offset)
-        offset = start + len(section)
-        blocks = []
-        for match in _BLOCK.finditer(section):
-            if match.group("why") is None:
-                line = text[: start + match.start("code")].count("\n")
-                blocks.append((line, match.group("code")))
-        if blocks:
-            out.append((section.splitlines()[0], blocks))
-    return out
-
-
-_RUNNER = textwrap.dedent(
-    """
-    import json, sys, textwrap, traceback
-    page, prelude, sections = json.loads(sys.stdin.read())
-    for title, blocks in sections:
-        namespace = {"__name__": "__docs__"}
-        exec(prelude, namespace)
-        for line, code in blocks:
-            try:
-                exec(compile(textwrap.dedent(code), f"{page}:{line}", "exec"), namespace)
-            except BaseException:
-                print(f"{page}: block at line {line} ({title}) failed:", file=sys.stderr)
-                traceback.print_exc()
-                sys.exit(1)
-    """
-)
+PAGES = pages()
+IDS = [page_name(p) for p in PAGES]
 
 
 def test_the_site_has_its_pages():
-    names = {p.name for p in PAGES}
+    names = {p.name for p in DOCS.glob("*.md")}
     expected = {
         "index.md", "loop.md", "predefined.md", "callbacks.md", "resume.md",
         "observability.md", "managed.md", "scale-out.md", "flax.md",
@@ -86,44 +51,92 @@ def test_the_site_has_its_pages():
     assert expected <= names, expected - names
     for page in PAGES:
         assert page.read_text().startswith("# "), (
-            f"{page.name} must start with '# Title'"
+            f"{page_name(page)} must start with '# Title'"
         )
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=IDS)
 def test_skipped_blocks_say_why(page):
     text = page.read_text()
     for match in re.finditer(r"^[ \t]*<!--\s*(\w+):\s*skip([^>]*)-->", text, re.M):
         line = text[: match.start()].count("\n") + 1
-        assert match.group(1) == "docs", (
-            f"{page.name}:{line}: use <!-- docs: skip (why) -->"
-        )
+        where = f"{page_name(page)}:{line}"
+        assert match.group(1) == "docs", f"{where}: use <!-- docs: skip (why) -->"
         why = match.group(2).strip()
         assert why.startswith("(") and why.endswith(")") and len(why) > 4, (
-            f"{page.name}:{line}: a skipped block needs its reason, "
-            "<!-- docs: skip (why) -->"
+            f"{where}: a skipped block needs its reason, <!-- docs: skip (why) -->"
         )
         after = text[match.end() :].lstrip()
-        assert after.startswith("```python"), (
-            f"{page.name}:{line}: no python block follows"
+        assert after.startswith("```python"), f"{where}: no ```python block follows"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=IDS)
+def test_python_is_fenced_as_python(page):
+    """Code fenced ```py, ```python3, ```pycon, ... would be shown as Python but never
+    run: a block runs as ```python or is shown as ```text."""
+    for block in fences(page.read_text()):
+        info = block.info.lower()
+        assert info == "python" or not re.match(r"(i?py|python)", info), (
+            f"{page_name(page)}:{block.line}: ```{block.info} is never run; fence "
+            "code that runs as ```python (or put <!-- docs: skip (why) --> before "
+            "it), and code only shown as ```text"
         )
 
 
-RUNNABLE = [p for p in PAGES if _sections(p)]
-
-
-@pytest.mark.parametrize("page", RUNNABLE, ids=[p.name for p in RUNNABLE])
-def test_docs_page_python_blocks_run(page, tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    env["CICLO_EXAMPLE_STEPS"] = "20"
-    env["WANDB_MODE"] = "offline"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    run_or_skip(
-        [sys.executable, "-c", _RUNNER],
-        cwd=tmp_path,
-        env=env,
-        input=json.dumps([f"docs/{page.name}", _PRELUDE, _sections(page)]),
+@pytest.mark.parametrize("page", PAGES, ids=IDS)
+def test_the_page_runs_as_pasted(page, tmp_path):
+    if not python_blocks(page):
+        return  # nothing to run: a page of prose and tables
+    result = run_page(page, tmp_path)
+    failed = re.search(
+        r"^.*: python block \d+ \(line \d+\) failed:$", result.stderr, re.M
     )
+    assert result.returncode == 0, (
+        (failed.group(0) if failed else f"{page_name(page)} failed")
+        + "\n"
+        + result.stdout[-2000:]
+        + result.stderr[-6000:]
+    )
+
+
+def _page(tmp_path, text):
+    path = tmp_path / "page.md"
+    path.write_text(text)
+    return path
+
+
+def test_a_page_runs_without_any_prelude(tmp_path):
+    """Nothing is defined before a page's first block (no stand-in `state`,
+    `train_step`, `dataset`): a name the page does not define fails, named with
+    its page, block and line."""
+    page = _page(
+        tmp_path,
+        "# Page\n\n```python\nimport ciclo\n```\n\n```text\nnot run\n```\n\n"
+        "<!-- docs: skip (shown only) -->\n```python\nraise SystemExit(3)\n```\n\n"
+        "## Later\n\n```python\nprint(ciclo.every(1))\nstate\n```\n",
+    )
+    result = run_page(page, tmp_path, name="docs/page.md")
+    assert result.returncode == 1, result.stderr
+    assert "docs/page.md: python block 3 (line 19) failed" in result.stderr
+    assert "NameError: name 'state' is not defined" in result.stderr
+    assert 'File "docs/page.md", line 20' in result.stderr  # the page's own line
+
+
+def test_a_page_is_one_namespace_run_in_order(tmp_path):
+    """The blocks of all sections share one namespace, in page order, in a fresh
+    interpreter whose working directory is the temporary one."""
+    page = _page(
+        tmp_path,
+        "# Page\n\n```python\nsteps = [1]\n```\n\n## A\n\n- item\n\n"
+        "    ```python\n    steps.append(2)\n    ```\n\n## B\n\n```python\n"
+        "import os\nopen('written.txt', 'w').write(str(steps))\n"
+        "print(os.getcwd(), steps)\n```\n",
+    )
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    result = run_page(page, workdir)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "written.txt").read_text() == "[1, 2]"
 
 
 def _api_entries() -> set[str]:
@@ -185,7 +198,7 @@ def test_the_site_builds_strictly_with_every_public_name(tmp_path):
     api = (pathlib.Path(site) / "api" / "index.html").read_text()
     missing = [name for name in PUBLIC if f'id="{name}"' not in api]
     assert not missing, f"the built API reference has no entry for {missing}"
-    for page in PAGES:
+    for page in sorted(DOCS.glob("*.md")):
         built = pathlib.Path(site) / ("" if page.name == "index.md" else page.stem)
         html = (built / "index.html").read_text()
         # Python-Markdown (unlike GitHub) needs 4-space indents and blank lines
