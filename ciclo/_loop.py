@@ -106,6 +106,12 @@ def loop(
     Returns:
         `(state, history, elapsed)`, `elapsed` counting every consumed batch.
 
+    Preemption: while a loop runs in the main thread, SIGTERM (or, under
+    `jax.distributed`, jax's preemption sync point, agreed by every process) ends
+    it after the step in flight; objects with `__loop_preempt__(loop_state)` (a
+    `ciclo.checkpoint`) save that step, the end hooks wait for it, and the process
+    then ends as SIGTERM ends it (status 143). See `ciclo._interrupts`.
+
     An exception raised by a callback propagates after the `__loop_end__` hooks
     ran, with a note naming the callback and the step; `history` then holds every
     row committed before that step (pass your own `history=` to keep it).

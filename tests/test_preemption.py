@@ -165,10 +165,18 @@ def test_sigterm_under_jax_distributed_saves_one_step_on_every_process(tmp_path)
     group = ["2", str(free_port())]
     procs = [
         subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "_preempt_multihost_worker.py"),
-             str(i), *group, str(directory)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
-        )  # fmt: skip
+            [
+                sys.executable,
+                os.path.join(HERE, "_preempt_multihost_worker.py"),
+                str(i),
+                *group,
+                str(directory),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
+        )
         for i in range(2)
     ]
     outputs = []

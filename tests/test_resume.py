@@ -302,7 +302,9 @@ def test_sigterm_saves_the_step_in_flight_and_ends_as_sigterm(tmp_path, uninterr
         worker.init_state(), worker.TRAIN, TASKS, stop=5, **KWARGS
     )  # fmt: skip
     assert elapsed.steps == 5
-    for x, y in zip(jax.tree.leaves(restored), jax.tree.leaves(straight5[0]), strict=True):
+    for x, y in zip(
+        jax.tree.leaves(restored), jax.tree.leaves(straight5[0]), strict=True
+    ):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), strict=True)
     resumed = run_worker(directory, out, 0, data)
     assert resumed.returncode == 0, resumed.stderr

@@ -135,7 +135,9 @@ def train_loop(
             epoch end; starts from its latest complete checkpoint, if any, with the
             state, history, elapsed and data position restored; newer ones that
             do not read back whole are skipped with a warning, and none reading
-            back is an error; the directory is locked against a second run).
+            back is an error; the directory is locked against a second run,
+            and released on every way out). On SIGTERM it saves the step
+            reached before the process ends (status 143; see `ciclo.loop`).
         steps_per_call: run this many train steps per compiled call (see
             `ciclo.fuse`); default: what the train step declares, else 1.
         prefetch: the batches (fused calls) read and placed on the device with
