@@ -15,6 +15,7 @@ import warnings
 from typing import Any
 
 from ciclo._history import History
+from ciclo._interrupts import DEFERRED
 from ciclo._time import Elapsed
 from ciclo.callbacks._history_item import history_json
 from ciclo.callbacks._monitor import logged
@@ -33,6 +34,11 @@ class LoopCheckpoint(Saver):
     _resumed_from: int | None  # the step its resume restored
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+        with DEFERRED:  # Ctrl-C from the call on: raised once the save started
+            self._save_step(loop_state)
+        return None, None
+
+    def _save_step(self, loop_state: Any) -> None:
         elapsed = loop_state.elapsed_after
         value = None
         if self.monitor is not None:  # ranked only by a value logged this step
@@ -45,7 +51,6 @@ class LoopCheckpoint(Saver):
         rows = history_json(loop_state.history, (loop_state.elapsed, loop_state.logs))
         data = loop_state.data_state()  # where a checkpointable iterator is
         self._save(elapsed, loop_state.state, value, rows, data)
-        return None, None
 
     def __loop_resume__(
         self, state: Any, history: History | None, elapsed: Elapsed | None
