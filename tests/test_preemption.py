@@ -71,6 +71,10 @@ class Loader:
 
 
 def heartbeats() -> list[threading.Thread]:
+    """The lock's heartbeat threads still running (a released one ends at once)."""
+    for thread in threading.enumerate():
+        if "_heartbeat" in thread.name:
+            thread.join(timeout=5)
     return [t for t in threading.enumerate() if "_heartbeat" in t.name]
 
 
