@@ -154,7 +154,7 @@ def loop(
             state, history, elapsed, start_at = prepare(groups, state, history, elapsed)
             iterator = _iterator(dataset, elapsed, start_at)
         except BaseException as error:
-            reached = Elapsed.create() if elapsed is None else elapsed.resume()
+            reached = Elapsed.create() if elapsed is None else elapsed
             abandon(groups, LoopState(state, None, reached, reached, history,
                                       Logs(), metadata), error)  # fmt: skip
             if isinstance(error, KeyboardInterrupt) and catch_keyboard_interrupt:

@@ -6,8 +6,9 @@ the `(state, history, elapsed)` to start from; it returns None to leave them as
 they are (`ciclo.checkpoint(directory, resume=True)` restores the latest complete
 checkpoint of its directory, once). The dataset is then positioned at the start
 step: a factory `dataset(start_step)` is called with it, and a plain iterable is
-advanced past the batches the restored state already consumed (with a warning:
-those batches are read and discarded). Last, objects with `__loop_start__(elapsed)`
+advanced past the batches the restored state already consumed (`read_back`, with
+a warning giving the count: those batches are read and discarded; the loop runs it
+inside its interrupt handling, so Ctrl-C ends it as it ends training). Last, objects with `__loop_start__(elapsed)`
 are told the elapsed the loop starts from (None: step 0), after any restore: the
 writers keep an earlier run's rows below it and replace those from it on.
 

@@ -50,7 +50,8 @@ def open_checkpoints() -> list[checkpoint]:
 
 
 def finish_pending() -> None:
-    """Finishes every pending save at interpreter exit, quietly (one line on error)."""
+    """Finishes every pending save at interpreter exit (and before a preempted
+    process ends, `ciclo._interrupts`), quietly (one line on error)."""
     for ckpt in list(_OPEN.values()):
         try:
             ckpt.close()
