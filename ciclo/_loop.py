@@ -252,7 +252,11 @@ def _run(
     finally:
         if scope is not None and scope.watcher is run:
             scope.watcher = None
-        finish(end_hooks, ls)
+        try:
+            finish(end_hooks, ls)
+        except KeyboardInterrupt:  # Ctrl-C while the saves were finished
+            if not catch_keyboard_interrupt or getattr(ls, "error", None):
+                raise
     if (  # a fresh loop over no data (resuming past the end is not a mistake)
         initial.steps == 0
         and run.current.steps == 0

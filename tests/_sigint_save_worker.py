@@ -4,8 +4,9 @@ Each try runs `ciclo.loop` with a checkpoint after its first batch (step 1, in a
 200-step loop whose later steps wait 1 ms, so that the interrupt lands in the loop) into its own
 folder of DIR, and sends this process a real SIGINT at the start of that save: an
 even try from inside orbax's `CheckpointManager.save` as it is entered, an odd try
-from a timer armed just before the checkpoint's call, after 0.2-2 ms (ciclo's
-preparation of the save or orbax's start). Prints one JSON line per try: the step
+from a timer armed just before the checkpoint's call, after 0.2-4 ms (ciclo's
+preparation of the save or orbax's start); tries from the 21st on send it as the
+loop's end waits for the save (`wait_until_finished`). Prints one JSON line per try: the step
 the loop returned at, the steps of the folder, and the step `ciclo.restore` reads
 with whether its state is the one trained to that step.
 """
@@ -26,12 +27,16 @@ import orbax.checkpoint as ocp
 import ciclo
 
 directory, tries = sys.argv[1], int(sys.argv[2])
+START = 20  # the tries from this one on: Ctrl-C as the loop's end waits instead
 ORIGINAL = ocp.CheckpointManager.save
-armed = {"enter": False}
+armed = {"enter": False, "wait": False}
 
 
 def interrupt() -> None:
     os.kill(os.getpid(), signal.SIGINT)
+
+
+WAIT = ocp.CheckpointManager.wait_until_finished
 
 
 def save(self, *args, **kwargs):
@@ -41,7 +46,15 @@ def save(self, *args, **kwargs):
     return ORIGINAL(self, *args, **kwargs)
 
 
+def wait_until_finished(self):
+    if armed["wait"]:
+        armed["wait"] = False
+        interrupt()  # as the loop's end waits for the save
+    return WAIT(self)
+
+
 ocp.CheckpointManager.save = save
+ocp.CheckpointManager.wait_until_finished = wait_until_finished
 
 
 def train_step(state, batch):
@@ -52,12 +65,18 @@ def train_step(state, batch):
 
 def arming(i):
     def arm(state, batch):
+        if i >= START:
+            return
         if i % 2 == 0:
             armed["enter"] = True
         else:
             threading.Timer(0.0002 * i, interrupt).start()
 
     return arm
+
+
+def arm_end():
+    armed["wait"] = True  # the loop's end hooks wait for the save next
 
 
 for i in range(tries):
@@ -69,6 +88,7 @@ for i in range(tries):
         init,
         range(1, 201),
         {ciclo.every(1): train_step, ciclo.every(1000): [arm, ckpt]},
+        on_end=arm_end if i >= START else None,
     )
     expected = np.full(4, 1, np.float32)  # the save after batch 1
     try:
