@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -164,8 +165,12 @@ def scope() -> Iterator[Scope | None]:
         if s.sync is None:
             s._take(signal.SIGTERM, signal.SIG_DFL, s._on_term)
     s.depth += 1
+    failure = None
     try:
         yield s
+    except BaseException as error:
+        failure = error
+        raise
     finally:
         s.depth -= 1
         if outer:
@@ -174,6 +179,8 @@ def scope() -> Iterator[Scope | None]:
             s.installed_int = False
             s.watcher = None
             if s.preempted:
+                if failure is not None:  # said before the process ends
+                    traceback.print_exception(failure, file=sys.stderr)
                 s._end_process()
 
 
