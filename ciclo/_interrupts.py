@@ -23,7 +23,9 @@ alone, and a loop in another thread installs nothing.
   `multihost_utils.reached_preemption_sync_point` (the check orbax's
   `CheckpointManager.should_save` makes). The loop asks it after each step with
   the step count, so every process stops after, and saves, the same step; no
-  Python handler is installed for SIGTERM then (it would replace jax's).
+  Python handler is installed for SIGTERM then (it would replace jax's). ciclo's
+  checkpoint managers answer orbax's own question from the loop's answer
+  (`reached_preemption`), so that only the loop moves the step count.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["DEFERRED", "Scope", "deferred", "preempted", "scope"]
+__all__ = [
+    "DEFERRED",
+    "Scope",
+    "deferred",
+    "preempted",
+    "reached_preemption",
+    "scope",
+]
 
 
 class Scope:
@@ -228,4 +237,14 @@ def deferred() -> _Deferred:
 
 def preempted() -> bool:
     """Whether a SIGTERM asked the running loop to stop."""
+    return _SCOPE.preempted
+
+
+def reached_preemption(step: int) -> bool:
+    """`CheckpointManager.reached_preemption` for ciclo's managers: whether the
+    loop stopped for a preemption. The loop alone asks jax's sync point, once per
+    step in order; orbax's own asks (at each save, and from its finalize thread
+    with the step of a save already made) would move the step count each process
+    reports to the coordination service back, and the agreed step could then be
+    one no process reaches again."""
     return _SCOPE.preempted

@@ -28,7 +28,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
-from ciclo._interrupts import DEFERRED
+from ciclo._interrupts import DEFERRED, reached_preemption
 from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed
 from ciclo._transfer import explicit
@@ -210,6 +210,10 @@ class Saver:
                 best_mode="max",
                 enable_async_checkpointing=self.async_save,
             )
+            # orbax asks jax's preemption sync point too (at saves, from its
+            # finalize thread, with older steps): the loop's answer instead, so
+            # that only the loop moves the step count the processes agree on
+            manager.reached_preemption = reached_preemption
             try:  # before retention or a timeline cut could delete them
                 _orbax.check_layout(manager)
             except BaseException:
