@@ -16,13 +16,14 @@ from typing import Any
 
 from ciclo._fused import check_steps, declared_steps, fuse
 from ciclo._history import History
+from ciclo._interrupts import scope as interrupt_scope
 from ciclo._logs import Logs
 from ciclo._loop_state import LoopState, read_from
 from ciclo._period import Period, as_period
 from ciclo._prefetch import Prefetch, check_prefetch, placer
 from ciclo._resume import position, prepare
 from ciclo._run import Run
-from ciclo._runners import end_hooks_of, finish, make_plan, runners
+from ciclo._runners import abandon, end_hooks_of, finish, make_plan, runners
 from ciclo._short import short
 from ciclo._time import Elapsed
 
@@ -105,6 +106,12 @@ def loop(
     Returns:
         `(state, history, elapsed)`, `elapsed` counting every consumed batch.
 
+    Preemption: while a loop runs in the main thread, SIGTERM (or, under
+    `jax.distributed`, jax's preemption sync point, agreed by every process) ends
+    it after the step in flight; objects with `__loop_preempt__(loop_state)` (a
+    `ciclo.checkpoint`) save that step, the end hooks wait for it, and the process
+    then ends as SIGTERM ends it (status 143). See `ciclo._interrupts`.
+
     An exception raised by a callback propagates after the `__loop_end__` hooks
     ran, with a note naming the callback and the step; `history` then holds every
     row committed before that step (pass your own `history=` to keep it).
@@ -141,12 +148,30 @@ def loop(
             f"ciclo.restore), got {short(elapsed)} ({type(elapsed).__name__}). To "
             f"start counting at step n use ciclo.Elapsed.create(steps=n)."
         )
-    state, history, elapsed, start_at = prepare(
-        [*tasks.values(), on_start, on_end], state, history, elapsed
-    )
-    dataset = position(dataset, elapsed, start_at, "ciclo.loop")
+    groups = [*tasks.values(), on_start, on_end]
+    with interrupt_scope() as scope:
+        try:  # resuming (restore, data read back) ends as the loop would
+            state, history, elapsed, start_at = prepare(groups, state, history, elapsed)
+            iterator = _iterator(dataset, elapsed, start_at)
+        except BaseException as error:
+            reached = Elapsed.create() if elapsed is None else elapsed
+            abandon(groups, LoopState(state, None, reached, reached, history,
+                                      Logs(), metadata), error)  # fmt: skip
+            if isinstance(error, KeyboardInterrupt) and catch_keyboard_interrupt:
+                return state, history, reached
+            raise
+        return _run(
+            scope, state, history, elapsed, iterator, plan, start, end, end_hooks,
+            stop_period, steps_per_call, batch_size_fn, prefetch, metadata,
+            catch_keyboard_interrupt, groups,
+        )  # fmt: skip
+
+
+def _iterator(dataset: Any, elapsed: Elapsed | None, start_at: Any) -> Any:
+    """The batches from the start step (a resumed run's read back)."""
+    dataset = position(dataset, elapsed, start_at, "ciclo.loop", stacklevel=4)
     try:
-        iterator = iter(dataset)
+        return iter(dataset)
     except TypeError:
         raise TypeError(
             f"`dataset` must be an iterable of batches (a list, generator, numpy "
@@ -154,9 +179,17 @@ def loop(
             f"`dataset(start_step)` returning one; got {short(dataset)} "
             f"({type(dataset).__name__})."
         ) from None
+
+
+def _run(
+    scope, state, history, elapsed, iterator, plan, start, end, end_hooks,
+    stop_period, steps_per_call, batch_size_fn, prefetch, metadata,
+    catch_keyboard_interrupt, groups,
+) -> tuple[Any, History, Elapsed]:  # fmt: skip
+    """The batches, `on_end` and the end hooks (`loop` after its arguments)."""
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
     if steps_per_call is None:
-        steps_per_call = declared_steps([*tasks.values()]) or 1
+        steps_per_call = declared_steps(groups[:-2]) or 1
     if check_steps(steps_per_call, "ciclo.loop") > 1:
         limit = None
         if stop_period is not None and stop_period.steps is not None:
@@ -175,6 +208,8 @@ def loop(
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
     read_from(ls, iterator)
     run = Run(ls, plan, start, stop_period, batch_size_fn)
+    if scope is not None and scope.claim(run):  # stops after a step on SIGTERM
+        run.watch = scope.stop_requested
     interrupted = False
     try:
         run.batches(iterator)
@@ -209,11 +244,19 @@ def loop(
             callback(ls)
         if ls.logs:
             history.commit(run.current, ls.logs)
+        if run.preempted:  # the checkpoints save the step reached (SIGTERM)
+            finish(end_hooks_of(groups, "__loop_preempt__"), ls)
     except BaseException as error:
         ls.error = error
         raise
     finally:
-        finish(end_hooks, ls)
+        if scope is not None and scope.watcher is run:
+            scope.watcher = None
+        try:
+            finish(end_hooks, ls)
+        except KeyboardInterrupt:  # Ctrl-C while the saves were finished
+            if not catch_keyboard_interrupt or getattr(ls, "error", None):
+                raise
     if (  # a fresh loop over no data (resuming past the end is not a mistake)
         initial.steps == 0
         and run.current.steps == 0
@@ -226,6 +269,6 @@ def loop(
                 "Expected at least one: check that it is not an exhausted iterator "
                 "or generator, or an empty list."
             ),
-            stacklevel=2,
+            stacklevel=3,
         )
     return ls.state, history, run.current

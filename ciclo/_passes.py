@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from ciclo._resume import checkpointable, position
+import numpy as np
+
+from ciclo._resume import checkpointable, position, read_back
 from ciclo._short import short
 
 
@@ -90,12 +92,11 @@ class Passes:
         iterator = self._iterator
         return iterator.get_state() if checkpointable(iterator) else None
 
-    def skip(self, n: int) -> None:
-        """Reads and discards `n` batches (those a resumed run already consumed)."""
-        end = object()
-        for _ in range(n):
-            if next(self, end) is end:
-                return
+    def skip(self, n: int, start: int = 0, warn: bool = False) -> None:
+        """Reads and discards `n` batches (those a resumed run already consumed,
+        up to step `start`); with `warn`, says so first (`read_back`)."""
+        if not read_back(self, n, start, "train_loop", stacklevel=5, warn=warn):
+            return
         self.exhausted()  # a pass that ended exactly here counts as completed
         self.empty = True
 
@@ -187,7 +188,9 @@ def train_data(
         repeat = 1 if epochs is None else epochs if epoch_duration is None else None
         data = passes(dataset, repeat, "train_loop")
     if data is None:
-        dataset = position(dataset, elapsed, start_at, "train_loop")
+        dataset = position(dataset, elapsed, start_at, "train_loop", stacklevel=4)
         return Passes.once(iterate(dataset, "`dataset` is"))
-    data.skip(start_at.batches)
+    start = 0 if elapsed is None else int(elapsed.steps)
+    indexable = isinstance(dataset, Sequence | np.ndarray)  # read back at no cost
+    data.skip(start_at.batches, start, warn=not indexable)
     return data

@@ -6,8 +6,9 @@ the `(state, history, elapsed)` to start from; it returns None to leave them as
 they are (`ciclo.checkpoint(directory, resume=True)` restores the latest complete
 checkpoint of its directory, once). The dataset is then positioned at the start
 step: a factory `dataset(start_step)` is called with it, and a plain iterable is
-advanced past the batches the restored state already consumed (with a warning:
-those batches are read and discarded). Last, objects with `__loop_start__(elapsed)`
+advanced past the batches the restored state already consumed (`read_back`, with
+a warning giving the count: those batches are read and discarded; the loop runs it
+inside its interrupt handling, so Ctrl-C ends it as it ends training). Last, objects with `__loop_start__(elapsed)`
 are told the elapsed the loop starts from (None: step 0), after any restore: the
 writers keep an earlier run's rows below it and replace those from it on.
 
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ciclo._history import History
+from ciclo._interrupts import preempted
 from ciclo._short import short
 from ciclo._time import Elapsed
 
@@ -36,6 +38,7 @@ __all__ = [
     "is_factory",
     "position",
     "prepare",
+    "read_back",
 ]
 
 
@@ -138,10 +141,13 @@ def is_factory(dataset: Any) -> bool:
     return callable(dataset) and not isinstance(dataset, Iterable)
 
 
-def position(dataset: Any, elapsed: Elapsed | None, start_at: Start, where: str) -> Any:
+def position(
+    dataset: Any, elapsed: Elapsed | None, start_at: Start, where: str, stacklevel: int
+) -> Any:
     """The data from the start step: a factory called with `elapsed.steps`; a
     checkpointable iterator (Grain's) given the saved state; else a plain iterable
-    advanced by `start.batches` batches (with a warning)."""
+    advanced by `start.batches` batches (`read_back`, with a warning; the warning
+    points `stacklevel` frames up)."""
     skip = start_at.batches
     start = 0 if elapsed is None else int(elapsed.steps)
     if is_factory(dataset):
@@ -168,17 +174,30 @@ def position(dataset: Any, elapsed: Elapsed | None, start_at: Start, where: str)
         dataset = iterator  # the state was saved by another kind of data: skip
     if isinstance(dataset, Sequence | np.ndarray):  # indexable: nothing is consumed
         return (dataset[i] for i in range(skip, len(dataset)))
-    warnings.warn(
-        f"{where}: resuming at step {start}: skipping the first {skip} batches of "
-        f"`dataset` by reading and discarding them (this consumes them, and takes "
-        f"as long as loading them). To start there directly, pass a factory "
-        f"`dataset(start_step) -> iterable` instead, e.g. "
-        f"`lambda start_step: make_batches(start=start_step)`.",
-        stacklevel=3,
-    )
     iterator = iter(dataset)
-    end = object()
-    for _ in range(skip):
-        if next(iterator, end) is end:
-            break
+    read_back(iterator, skip, start, where, stacklevel + 1)
     return iterator
+
+
+def read_back(
+    iterator: Any, skip: int, start: int, where: str, stacklevel: int, warn=True
+) -> bool:
+    """Reads and discards the first `skip` batches of `iterator` (those a resumed
+    run already consumed), saying so first in one warning with the count (with
+    `warn`). Ctrl-C interrupts it as it would a step (the loop then ends cleanly);
+    a preemption (SIGTERM) ends it early (the loop then stops before its first
+    step). Returns whether all `skip` were read."""
+    if warn and skip > 0:
+        warnings.warn(
+            f"{where}: resuming at step {start}: skipping the first {skip} batches "
+            f"of `dataset` by reading and discarding them (this consumes them, and "
+            f"takes as long as loading them). To start there directly, pass a "
+            f"factory `dataset(start_step) -> iterable` instead, e.g. "
+            f"`lambda start_step: make_batches(start=start_step)`.",
+            stacklevel=stacklevel,
+        )
+    end = object()
+    read = 0
+    while read < skip and not preempted() and next(iterator, end) is not end:
+        read += 1
+    return read == skip

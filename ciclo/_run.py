@@ -37,6 +37,10 @@ class Run:
         self.state = None  # the state when the batch started
         self.running = None  # the runner running (named in error notes)
         self.committed = committed(ls)  # `ls.accumulated_logs` reads it
+        # after each step, whether to stop for a preemption (SIGTERM; set by the
+        # loop that owns the interrupt scope, `ciclo._interrupts`)
+        self.watch = None
+        self.preempted = False  # stopped for a preemption
 
     def _on_start(self) -> None:
         self.started = True
@@ -48,8 +52,11 @@ class Run:
         size_fn = self.batch_size_fn
         current = self.current
         new_logs = Logs.__new__  # an empty Logs, without a Python __init__ call
+        watch = self.watch
         if stop is not None and stop.reached(current):
             iterator = iter(())
+        elif watch is not None and watch(current.steps):  # SIGTERM while resuming
+            self.preempted, iterator = True, iter(())
         for batch in iterator:
             if type(batch) is Placed:  # read ahead: its placed copy rides along
                 ls.placed, batch = batch, batch.batch
@@ -89,6 +96,9 @@ class Run:
                 self.committed.merge(logs)
             current = self.current = after
             self.in_batch = False
+            if watch is not None and watch(after.steps):  # SIGTERM: stop here
+                self.preempted = True
+                break
             if (
                 ls.stop_iteration
                 or ls.stopping

@@ -4,6 +4,7 @@ validated into a plan, and the `__loop_end__` hooks collected and run.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -69,13 +70,16 @@ def runners(callbacks: Any, where: str) -> list[Runner]:
     return [runner(cb, f"{where}[{i}]") for i, cb in enumerate(_as_list(callbacks))]
 
 
-def end_hooks_of(groups: Iterable[Any]) -> list[Callable[[LoopState], Any]]:
-    """The `__loop_end__` hooks of every callback object (or bound method's owner)."""
+def end_hooks_of(
+    groups: Iterable[Any], name: str = "__loop_end__"
+) -> list[Callable[[LoopState], Any]]:
+    """The `__loop_end__` hooks (or the hooks `name`, e.g. `__loop_preempt__`) of
+    every callback object (or bound method's owner), once each."""
     seen, hooks = set(), []
     for group in groups:
         for cb in _as_list(group):
-            owner = cb if hasattr(cb, "__loop_end__") else getattr(cb, "__self__", None)
-            hook = getattr(owner, "__loop_end__", None)
+            owner = cb if hasattr(cb, name) else getattr(cb, "__self__", None)
+            hook = getattr(owner, name, None)
             if hook is not None and id(owner) not in seen:
                 seen.add(id(owner))
                 hooks.append(hook)
@@ -123,3 +127,13 @@ def finish(hooks: list[Callable[[LoopState], Any]], ls: LoopState) -> None:
                 error = e
     if error is not None:
         raise error
+
+
+def abandon(groups: Iterable[Any], ls: LoopState, error: BaseException) -> None:
+    """Runs the end hooks of a loop ending before its first batch (an error or an
+    interrupt while resuming, e.g. while the data is read back): checkpoints
+    release their directory's lock, writers close. `error` goes on; a hook's own
+    error does not replace it."""
+    ls.error = error
+    with contextlib.suppress(Exception):  # the loop's own error is the one raised
+        finish(end_hooks_of(groups), ls)

@@ -1,11 +1,12 @@
-"""A training run for the resume tests: `python _resume_worker.py DIR OUT KILL DATA`.
+"""A training run for the resume tests: `python _resume_worker.py DIR OUT KILL DATA [SIG]`.
 
 Trains a linear model with Adam and a noise RNG carried in the state, with a test
 set and a checkpoint (`train_loop(..., resume=DIR)`) at each epoch end (every 3
 steps, 12 steps). With KILL > 0 the process SIGKILLs itself at the end of the batch
 that makes `elapsed_after.steps == KILL` (after that batch's checkpoint, if any, was
 started). DATA is "factory" (`data(start_step)`) or "list" (a plain list, skipped
-forward on resume). Writes the final params and the history (without the wall-clock
+forward on resume). SIG names the signal sent (default KILL; TERM: a
+preemption). Writes the final params and the history (without the wall-clock
 fields) to OUT as a pickle.
 """
 
@@ -90,10 +91,10 @@ def rows(history):
     return out
 
 
-def main(directory, out, kill, data):
+def main(directory, out, kill, data, sig="KILL"):
     def killer(state, batch, elapsed, loop_state):
         if loop_state.elapsed_after.steps == kill:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
 
     dataset = TRAIN if data == "list" else (lambda start_step: TRAIN[start_step:])
     state, history, elapsed = ciclo.train_loop(
@@ -125,4 +126,4 @@ def main(directory, out, kill, data):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:])

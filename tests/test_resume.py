@@ -5,6 +5,7 @@ checkpoint killed mid-write, SIGKILL of the training process)."""
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
@@ -226,13 +227,13 @@ def _history_with(value):
 
 
 # -- SIGKILL of a training process --------------------------------------------------
-def run_worker(directory, out, kill, data):
+def run_worker(directory, out, kill, data, sig="KILL"):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, os.path.join(HERE, "_resume_worker.py"),
-         str(directory), str(out), str(kill), data],
+         str(directory), str(out), str(kill), data, sig],
         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
     )  # fmt: skip
 
@@ -274,6 +275,39 @@ def test_sigkill_then_one_line_resume_equals_uninterrupted(
     if complete and data == "list":
         assert "skipping the first" in resumed.stderr
     assert not [n for n in os.listdir(directory) if "tmp" in n]  # leftovers removed
+    with open(out, "rb") as f:
+        result = pickle.load(f)
+    assert result["steps"] == uninterrupted["steps"] == worker.STEPS
+    for key in ("params", "opt_state", "key"):
+        for x, y in zip(
+            jax.tree.leaves(result[key]), jax.tree.leaves(uninterrupted[key]),
+            strict=True,
+        ):  # fmt: skip
+            np.testing.assert_array_equal(x, y, strict=True)
+    assert result["rows"] == uninterrupted["rows"]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_in_flight_and_ends_as_sigterm(tmp_path, uninterrupted):
+    # preempted mid-epoch (epochs of 3 steps): the step in flight finishes, its
+    # state is saved and waited for, the lock is released, and the process ends
+    # as SIGTERM ends it; the same command then resumes exactly
+    directory, out, data = tmp_path / "ckpts", tmp_path / "out.pkl", "list"
+    stopped = run_worker(directory, out, 5, data, "TERM")
+    assert stopped.returncode == -signal.SIGTERM, stopped.stderr
+    assert "Traceback" not in stopped.stderr, stopped.stderr
+    assert sorted(os.listdir(directory)) == ["5"]  # keep=1; no lock left behind
+    restored, elapsed = ciclo.restore(directory, worker.init_state())
+    straight5 = ciclo.train_loop(
+        worker.init_state(), worker.TRAIN, TASKS, stop=5, **KWARGS
+    )  # fmt: skip
+    assert elapsed.steps == 5
+    for x, y in zip(
+        jax.tree.leaves(restored), jax.tree.leaves(straight5[0]), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), strict=True)
+    resumed = run_worker(directory, out, 0, data)
+    assert resumed.returncode == 0, resumed.stderr
     with open(out, "rb") as f:
         result = pickle.load(f)
     assert result["steps"] == uninterrupted["steps"] == worker.STEPS

@@ -29,7 +29,10 @@ from typing import Any
 
 from ciclo._fused import check_steps, declared_steps, fuse_passes
 from ciclo._history import History
+from ciclo._interrupts import scope as interrupt_scope
+from ciclo._logs import Logs
 from ciclo._loop import EmptyDataWarning, loop
+from ciclo._loop_state import LoopState
 from ciclo._loops.assemble import compile_table, run_table
 from ciclo._loops.register import as_list, register
 from ciclo._loops.tables import EPOCH_LOGS, EPOCH_SUM, NESTED, TRAIN
@@ -37,6 +40,7 @@ from ciclo._passes import train_data
 from ciclo._period import Period, as_period
 from ciclo._prefetch import check_prefetch, prefetch_passes
 from ciclo._resume import prepare
+from ciclo._runners import abandon
 from ciclo._schedules.epoch import EpochEnd, epochs_end
 from ciclo._schedules.named import on_train_step
 from ciclo._time import Elapsed
@@ -131,7 +135,9 @@ def train_loop(
             epoch end; starts from its latest complete checkpoint, if any, with the
             state, history, elapsed and data position restored; newer ones that
             do not read back whole are skipped with a warning, and none reading
-            back is an error; the directory is locked against a second run).
+            back is an error; the directory is locked against a second run,
+            and released on every way out). On SIGTERM it saves the step
+            reached before the process ends (status 143; see `ciclo.loop`).
         steps_per_call: run this many train steps per compiled call (see
             `ciclo.fuse`); default: what the train step declares, else 1.
         prefetch: the batches (fused calls) read and placed on the device with
@@ -171,56 +177,77 @@ def train_loop(
         callbacks = resuming(as_list(callbacks), resume)
     check_prefetch(prefetch, "train_loop")
     named, ordinary = register(TRAIN, state, tasks, callbacks)
-    state, history, elapsed, start_at = prepare(
-        [*(tasks or {}).values(), *as_list(callbacks)], state, history, elapsed
-    )
-    if test_duration is not None and not isinstance(test_duration, Mapping):
-        as_period(test_duration, "test_duration")
-    data = train_data(dataset, epochs, epoch_duration, elapsed, start_at)
-    start = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
-    stop_at = None if stop is None else as_period(stop, "stop")
-    if epochs is not None and epoch_duration is not None:
-        stop_at = epochs_end(
-            stop_at, as_period(epoch_duration, "epoch_duration"), epochs
-        )
-    if steps_per_call is None:
-        train_callbacks = [*named[on_train_step], *(v for _, v in ordinary)]
-        steps_per_call = declared_steps(train_callbacks, state) or 1
-    if check_steps(steps_per_call, "train_loop") > 1:
-        fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
-    closer = prefetch_passes(data, state, prefetch, stop_at, start)
-    finite = epochs is None or epoch_duration is None  # the data can end an epoch
-    epoch = EpochEnd(
-        epoch_duration, stop_at, start, data.exhausted if finite else None,
-        count_from=data.completed,
-    )  # fmt: skip
-    builtin: dict[str, list[Any]] = {}
-    if test_dataset is not None:
-        builtin[NESTED] = test_loops(
-            run_table, named, test_dataset, test_duration, test_name, test_every,
-            inner_loop_kwargs, dict(metadata=metadata, batch_size_fn=batch_size_fn),
-        )  # fmt: skip
-    elif test_every is not None:
-        raise ValueError(
-            "train_loop: `test_every` was given without `test_dataset`; pass "
-            "test_dataset=lambda: make_test_batches() too, or drop `test_every`."
-        )
-    if epoch_logs is not False and epoch_logs is not None:
-        aggregates = EpochLogs(epoch_logs)  # validates the spec
-        builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = [aggregates.add], [aggregates.logs]
-    tasks, on_start, on_end = compile_table(TRAIN, named, ordinary, epoch, builtin)
-    if closer is not None:  # its end hook first: the data position settles
-        on_end = [closer, *(on_end or [])]
-    with warnings.catch_warnings():  # said below, the train_loop way
-        warnings.simplefilter("ignore", EmptyDataWarning)
-        result = loop(
-            state, data, tasks, stop=stop_at, on_start=on_start, on_end=on_end,
-            history=history, elapsed=elapsed, metadata=metadata,
-            catch_keyboard_interrupt=catch_keyboard_interrupt,
-            batch_size_fn=batch_size_fn,
-            steps_per_call=1,  # grouped above, before the epoch's look-ahead
-            prefetch=0,  # read ahead above, within each pass
-        )  # fmt: skip
+    groups = [*(tasks or {}).values(), *as_list(callbacks)]
+    with interrupt_scope():  # resuming, the read back included, ends as the loop
+        started = False
+        try:
+            state, history, elapsed, start_at = prepare(groups, state, history, elapsed)
+            if test_duration is not None and not isinstance(test_duration, Mapping):
+                as_period(test_duration, "test_duration")
+            data = train_data(dataset, epochs, epoch_duration, elapsed, start_at)
+            start = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
+            stop_at = None if stop is None else as_period(stop, "stop")
+            if epochs is not None and epoch_duration is not None:
+                stop_at = epochs_end(
+                    stop_at, as_period(epoch_duration, "epoch_duration"), epochs
+                )
+            if steps_per_call is None:
+                train_callbacks = [*named[on_train_step], *(v for _, v in ordinary)]
+                steps_per_call = declared_steps(train_callbacks, state) or 1
+            if check_steps(steps_per_call, "train_loop") > 1:
+                fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
+            closer = prefetch_passes(data, state, prefetch, stop_at, start)
+            finite = epochs is None or epoch_duration is None  # data ends epochs
+            epoch = EpochEnd(
+                epoch_duration, stop_at, start, data.exhausted if finite else None,
+                count_from=data.completed,
+            )  # fmt: skip
+            builtin: dict[str, list[Any]] = {}
+            if test_dataset is not None:
+                builtin[NESTED] = test_loops(
+                    run_table, named, test_dataset, test_duration, test_name,
+                    test_every, inner_loop_kwargs,
+                    dict(metadata=metadata, batch_size_fn=batch_size_fn),
+                )  # fmt: skip
+            elif test_every is not None:
+                raise ValueError(
+                    "train_loop: `test_every` was given without `test_dataset`; "
+                    "pass test_dataset=lambda: make_test_batches() too, or drop "
+                    "`test_every`."
+                )
+            if epoch_logs is not False and epoch_logs is not None:
+                aggregates = EpochLogs(epoch_logs)  # validates the spec
+                builtin[EPOCH_SUM], builtin[EPOCH_LOGS] = (
+                    [aggregates.add],
+                    [aggregates.logs],
+                )
+            tasks, on_start, on_end = compile_table(
+                TRAIN, named, ordinary, epoch, builtin
+            )
+            if closer is not None:  # its end hook first: the data position settles
+                on_end = [closer, *(on_end or [])]
+            started = True  # from here on `loop` ends its own way
+            with warnings.catch_warnings():  # said below, the train_loop way
+                warnings.simplefilter("ignore", EmptyDataWarning)
+                result = loop(
+                    state, data, tasks, stop=stop_at, on_start=on_start,
+                    on_end=on_end, history=history, elapsed=elapsed,
+                    metadata=metadata,
+                    catch_keyboard_interrupt=catch_keyboard_interrupt,
+                    batch_size_fn=batch_size_fn,
+                    steps_per_call=1,  # grouped above, before the epoch look-ahead
+                    prefetch=0,  # read ahead above, within each pass
+                )  # fmt: skip
+        except BaseException as error:
+            if started:
+                raise
+            reached = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
+            history = history if isinstance(history, History) else History()
+            abandon(groups, LoopState(state, None, reached, reached, history,
+                                      Logs(), metadata), error)  # fmt: skip
+            if isinstance(error, KeyboardInterrupt) and catch_keyboard_interrupt:
+                return state, history, reached
+            raise
     if data.empty and not (stop_at is not None and stop_at.reached(start)):
         warnings.warn(
             f"train_loop: `dataset` yielded no batch (starting at step "

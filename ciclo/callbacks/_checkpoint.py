@@ -173,6 +173,7 @@ class checkpoint(LoopCheckpoint):
         self._locked = False  # holds the directory's lock (one run per directory)
         self._pending: int | None = None  # the step of a save not known written yet
         self._skipped: set[int] = set()  # steps the resume skipped as unreadable
+        self._resumed_from: int | None = None  # the step its resume restored
 
     # -- registration -----------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ import warnings
 from typing import Any
 
 from ciclo._history import History
+from ciclo._interrupts import DEFERRED
 from ciclo._time import Elapsed
 from ciclo.callbacks._history_item import history_json
 from ciclo.callbacks._monitor import logged
@@ -30,8 +31,14 @@ class LoopCheckpoint(Saver):
     _unranked: bool  # this loop saved without a fresh monitored value
     _fresh: bool  # this loop saved with a fresh monitored value
     _returned: Elapsed | None  # what the last loop it ran in returned
+    _resumed_from: int | None  # the step its resume restored
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+        with DEFERRED:  # Ctrl-C from the call on: raised once the save started
+            self._save_step(loop_state)
+        return None, None
+
+    def _save_step(self, loop_state: Any) -> None:
         elapsed = loop_state.elapsed_after
         value = None
         if self.monitor is not None:  # ranked only by a value logged this step
@@ -44,7 +51,6 @@ class LoopCheckpoint(Saver):
         rows = history_json(loop_state.history, (loop_state.elapsed, loop_state.logs))
         data = loop_state.data_state()  # where a checkpointable iterator is
         self._save(elapsed, loop_state.state, value, rows, data)
-        return None, None
 
     def __loop_resume__(
         self, state: Any, history: History | None, elapsed: Elapsed | None
@@ -70,9 +76,23 @@ class LoopCheckpoint(Saver):
             self.close()  # the loop does not start: nothing to hold
             raise
         self._skipped = {s for s in steps if s > elapsed.steps}
+        self._resumed_from = int(elapsed.steps)
         if data is None:
             return state, history, elapsed
         return state, history, elapsed, data  # + the data iterator's position
+
+    def __loop_preempt__(self, loop_state: Any) -> None:
+        """The loop stops early for a preemption (SIGTERM): saves the step it
+        reached (its history committed; unranked with `monitor`), unless that step
+        is saved already or is the one this run resumed from. `__loop_end__`
+        then waits for the save, before the process ends."""
+        elapsed = loop_state.elapsed_after
+        step = int(elapsed.steps)
+        if step == 0 or step in self._saved or step == self._resumed_from:
+            return
+        rows = history_json(loop_state.history)
+        data = loop_state.data_state()
+        self._save(elapsed, loop_state.state, None, rows, data)
 
     def __loop_end__(self, loop_state: Any) -> None:
         """Waits for the background saves (called once when the loop ends); with

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ciclo.callbacks._checkpoint import checkpoint
 
-__all__ = ["open_checkpoints", "track", "untrack", "wait_for"]
+__all__ = ["finish_pending", "open_checkpoints", "track", "untrack", "wait_for"]
 
 # The checkpoints of this process whose orbax manager is open (saves may be pending),
 # by id; strong references, so a callback dropped by the user still finishes.
@@ -34,9 +34,9 @@ def track(ckpt: checkpoint) -> None:
     if not _exit_hook:
         _exit_hook = True
         try:  # runs before concurrent.futures shuts its executors down
-            threading._register_atexit(_finish_pending)  # type: ignore[attr-defined]
+            threading._register_atexit(finish_pending)  # type: ignore[attr-defined]
         except (AttributeError, RuntimeError):
-            atexit.register(_finish_pending)
+            atexit.register(finish_pending)
 
 
 def untrack(ckpt: checkpoint) -> None:
@@ -49,8 +49,9 @@ def open_checkpoints() -> list[checkpoint]:
     return list(_OPEN.values())
 
 
-def _finish_pending() -> None:
-    """Finishes every pending save at interpreter exit, quietly (one line on error)."""
+def finish_pending() -> None:
+    """Finishes every pending save at interpreter exit (and before a preempted
+    process ends, `ciclo._interrupts`), quietly (one line on error)."""
     for ckpt in list(_OPEN.values()):
         try:
             ckpt.close()

@@ -28,6 +28,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
+from ciclo._interrupts import DEFERRED, reached_preemption
 from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed
 from ciclo._transfer import explicit
@@ -66,9 +67,20 @@ class Saver:
         history: dict[str, Any] | None = None,
         data: Any = None,
     ) -> None:
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the save has started
+            self._start_save(elapsed, state, value, history, data)
+
+    def _start_save(
+        self,
+        elapsed: Elapsed,
+        state: Any,
+        value: float | None,
+        history: dict[str, Any] | None,
+        data: Any,
+    ) -> None:
         self._resume_pending = False  # this run has its own timeline now
         for other in open_checkpoints():
-            if other is not self and other.directory == self.directory and other._saved:
+            if other is not self and self._writes_beside(other):
                 raise ValueError(
                     f"Two ciclo.checkpoint writers save to {self.directory}: their "
                     f"saves would collide. Use one checkpoint per directory (with "
@@ -103,7 +115,7 @@ class Saver:
                     f"{foreign} from an earlier run, not before this save at step "
                     f"{step}; deleting them (one directory is one timeline). Use a "
                     f"new directory to keep them.",
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             for s in stale:
                 manager.delete(s)
@@ -144,6 +156,14 @@ class Saver:
         self._saved.add(step)
         if not self.async_save:
             self._pending = None
+
+    def _writes_beside(self, other: Saver) -> bool:
+        """Whether `other` is a writer of this directory: it saved there and still
+        holds the directory (a loop, or saves by hand not closed). One whose
+        loop ended, queried since (`steps()`, `restore`), is not."""
+        if other.directory != self.directory or not other._saved:
+            return False
+        return other._locked or "://" in str(self.directory)  # URLs take no lock
 
     def _finish(self, manager: ocp.CheckpointManager) -> None:
         """Waits for the pending save; a disk-full failure becomes one clear error."""
@@ -190,6 +210,10 @@ class Saver:
                 best_mode="max",
                 enable_async_checkpointing=self.async_save,
             )
+            # orbax asks jax's preemption sync point too (at saves, from its
+            # finalize thread, with older steps): the loop's answer instead, so
+            # that only the loop moves the step count the processes agree on
+            manager.reached_preemption = reached_preemption
             try:  # before retention or a timeline cut could delete them
                 _orbax.check_layout(manager)
             except BaseException:
@@ -207,6 +231,10 @@ class Saver:
     def close(self) -> None:
         """Waits for the saves and releases orbax's resources (reopened on use)
         and the directory's lock."""
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the saves are written
+            self._close()
+
+    def _close(self) -> None:
         try:
             manager = self._manager
             if manager is not None:
@@ -225,7 +253,10 @@ class Saver:
     def steps(self) -> list[int]:
         """The steps of the checkpoints in the directory (after pending saves)."""
         self.wait()
-        return list(self._open().all_steps())
+        manager = self._open()
+        if not self._locked:  # not writing it: another run may have since
+            manager.reload()
+        return list(manager.all_steps())
 
     def latest_step(self) -> int | None:
         """The step of the latest checkpoint, or None."""

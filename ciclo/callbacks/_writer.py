@@ -28,10 +28,9 @@ row for it and the loop's `elapsed` excludes it) is dropped, so a loop that retu
 leaves them plus the failing step's row as the writer saw it (e.g. the NaN loss
 that `nan_guard` stopped on), which the history does not commit.
 
-Ctrl-C arriving while a writer updates its rows (in the main thread, with Python's
-default SIGINT handler) is deferred to the end of that writer's call (`GUARD`, in
-`ciclo.callbacks._sigint`), so a row is never lost or written twice by an interrupt
-landing mid-write.
+Ctrl-C arriving while a writer updates its rows in a loop is deferred to the end
+of that writer's call (the loop's interrupt scope, `ciclo._interrupts`), so a row
+is never lost or written twice by an interrupt landing mid-write.
 """
 
 from __future__ import annotations
@@ -39,11 +38,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ciclo._interrupts import DEFERRED
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS, LaggedQueue
 from ciclo.callbacks._rows import Row, host_scalar, numeric
-from ciclo.callbacks._sigint import GUARD
 
 __all__ = ["Writer", "missing"]
 
@@ -84,9 +83,6 @@ class Writer(LoopElement):
         self._queue = LaggedQueue(max_pending)
         self._held: Row | None = None
         self._mark: tuple[Any, int] | None = None  # (history, index of held row)
-        self._guarded = (
-            False  # this loop's calls defer Ctrl-C (`ciclo.callbacks._sigint`)
-        )
         self._start: int | None = None  # the step the first loop starts from
         self._opened = False  # wrote before: later loops continue the output
         self.rows_written = 0
@@ -146,23 +142,12 @@ class Writer(LoopElement):
         self._write_ready()
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
-        if not self._guarded:  # once per loop
-            self._guarded = GUARD.acquire()
-        guard = GUARD if self._guarded else None
-        if guard is not None:
-            guard.busy = True
-        try:
+        with DEFERRED:  # Ctrl-C during the call: raised as it ends
             if self._held is not None and self._held.entries:
                 self._push(self._held)
             self._held = Row.of(loop_state.elapsed, self._entries(loop_state.logs))
             self._mark = (loop_state.history, len(loop_state.history))
             self._write_ready()
-        finally:
-            if guard is not None:
-                guard.busy = False
-                if guard.pending:  # Ctrl-C came during the call: now
-                    guard.pending = False
-                    raise KeyboardInterrupt
         return None, None
 
     def __loop_end__(self, loop_state: Any) -> None:
@@ -174,9 +159,6 @@ class Writer(LoopElement):
                     self._push(row)
         finally:
             self._held = self._mark = None
-            if self._guarded:
-                self._guarded = False
-                GUARD.release()
             self.close()
 
     def _completed(self, loop_state: Any) -> list[Row]:
