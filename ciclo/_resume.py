@@ -9,7 +9,9 @@ step: a factory `dataset(start_step)` is called with it, and a plain iterable is
 advanced past the batches the restored state already consumed (with a warning:
 those batches are read and discarded). Last, objects with `__loop_start__(elapsed)`
 are told the elapsed the loop starts from (None: step 0), after any restore: the
-writers keep an earlier run's rows below it and replace those from it on.
+writers keep an earlier run's rows below it and replace those from it on. A
+restored run with nothing left to train (a finished run's command run again, e.g.
+a notebook cell) says so (`nothing_left`).
 
 This module imports nothing heavy; the checkpoint callback brings orbax.
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import inspect
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -27,6 +28,7 @@ import numpy as np
 from ciclo._history import History
 from ciclo._short import short
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 
 __all__ = [
     "Start",
@@ -34,6 +36,7 @@ __all__ = [
     "data_state_from_json",
     "data_state_to_json",
     "is_factory",
+    "nothing_left",
     "position",
     "prepare",
 ]
@@ -41,10 +44,13 @@ __all__ = [
 
 class Start(NamedTuple):
     """Where a resumed run's data starts: the batches the restored state already
-    consumed, and the data iterator's saved state (None when none was saved)."""
+    consumed, the data iterator's saved state (None when none was saved), and
+    where the state was restored from (a checkpoint's directory; None: not
+    restored)."""
 
     batches: int = 0
     data: Any = None
+    source: str | None = None
 
 
 def checkpointable(iterator: Any) -> bool:
@@ -108,10 +114,30 @@ def prepare(
             continue
         before = 0 if elapsed is None else int(elapsed.steps)
         state, history, elapsed, *data = restored
-        start = Start(max(0, int(elapsed.steps) - before), *data)
+        owner = getattr(hook, "__self__", hook)
+        source = getattr(owner, "directory", None)
+        start = Start(
+            max(0, int(elapsed.steps) - before),
+            data[0] if data else None,
+            short(owner, 80) if source is None else str(source),
+        )
     for hook in _hooks(groups, "__loop_start__"):
         hook(elapsed)
     return state, history, elapsed, start
+
+
+def nothing_left(where: str, start_at: Start, elapsed: Elapsed) -> None:
+    """Warns that the run restored from `start_at.source` at `elapsed` trained
+    nothing: the restored state, not the one passed in, is what the loop returns."""
+    warn(
+        f"{where}: restored from {start_at.source!r} at step {elapsed.steps}, and "
+        f"there is nothing left to train: that run already reached its end (its "
+        f"`stop` or `epochs`, or the end of `dataset`). The restored state, "
+        f"history and elapsed are returned as they were saved; the state passed "
+        f"in (e.g. with an edited model or learning rate) is not used. To start "
+        f"fresh, pass a new directory or resume=False; to train further, give a "
+        f"later `stop` (or more epochs or data)."
+    )
 
 
 def _hooks(groups: list[list[Any]], name: str) -> list[Any]:
@@ -168,13 +194,12 @@ def position(dataset: Any, elapsed: Elapsed | None, start_at: Start, where: str)
         dataset = iterator  # the state was saved by another kind of data: skip
     if isinstance(dataset, Sequence | np.ndarray):  # indexable: nothing is consumed
         return (dataset[i] for i in range(skip, len(dataset)))
-    warnings.warn(
+    warn(
         f"{where}: resuming at step {start}: skipping the first {skip} batches of "
         f"`dataset` by reading and discarding them (this consumes them, and takes "
         f"as long as loading them). To start there directly, pass a factory "
         f"`dataset(start_step) -> iterable` instead, e.g. "
-        f"`lambda start_step: make_batches(start=start_step)`.",
-        stacklevel=3,
+        f"`lambda start_step: make_batches(start=start_step)`."
     )
     iterator = iter(dataset)
     end = object()
