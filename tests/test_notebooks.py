@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from _notebook import data, run_cells, text
+from _notebook import ROOT, data, run_cells, run_notebook, text
 
 pytestmark = pytest.mark.slow  # a kernel process (~10-20 s for all the cells)
 
@@ -107,3 +107,24 @@ def test_rerunning_a_finished_resume_cell_says_it_was_restored(outputs):
     # the warning points at the cell (ipykernel's file for it), not into ciclo
     location = re.match(r"(.*):\d+: \w*Warning", err)
     assert location and "ipykernel" in location.group(1), err
+
+
+def test_the_example_notebook_runs_in_a_kernel(tmp_path):
+    # examples/notebook.ipynb: train with the widget bar, interrupted in step 30
+    # (its stand-in for the stop button), continued from the epoch-end checkpoint
+    # at step 22 to the end (66), the curves inline, then the finished run again
+    nbformat = pytest.importorskip("nbformat", reason="needs ciclo[test] (nbformat)")
+    notebook = nbformat.read(ROOT / "examples" / "notebook.ipynb", as_version=4)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run_notebook(notebook, tmp_path, monkeypatch, timeout=300)
+    outputs = [c.outputs for c in notebook.cells if c.cell_type == "code"]
+    stdout = [text(o, "stdout") for o in outputs]
+    assert "interrupted after 31 steps" in stdout[2], outputs[2]
+    assert data(outputs[2], WIDGET), outputs[2]  # the bar is tqdm's widget
+    accuracy = re.search(r"test accuracy after 66 steps: ([0-9.]+)", stdout[3])
+    assert accuracy and float(accuracy.group(1)) > 0.8, outputs[3]
+    assert len(data(outputs[4], "image/png")) == 1, outputs[4]  # the curves, once
+    assert "still 66 steps" in stdout[5], outputs[5]
+    assert "nothing left to train" in text(outputs[5], "stderr"), outputs[5]
+    errors = [o for cell in outputs for o in cell if o["output_type"] == "error"]
+    assert not errors, errors
