@@ -221,8 +221,13 @@ class History(HistoryStore):
             path: when given, the figure is also written there as a PNG.
             x: the elapsed field on the x axis (`"steps"`, `"samples"`, `"time"`).
 
+        The figure is made through pyplot: in a script `plt.show()` shows it
+        (close it with `plt.close(figure)` when making many); in a notebook
+        (Jupyter, Colab) it shows inline, once, as the cell's last expression or
+        with `plt.show()`.
+
         Returns:
-            The `matplotlib.figure.Figure` (not shown; call `plt.show()`).
+            The `matplotlib.figure.Figure`, held by pyplot.
 
         Raises:
             ImportError: if matplotlib is not installed ("install ciclo[plot]").

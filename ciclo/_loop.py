@@ -10,7 +10,6 @@ with a note on a callback's error. How callbacks are called is in
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -21,11 +20,12 @@ from ciclo._logs import Logs
 from ciclo._loop_state import LoopState, read_from
 from ciclo._period import Period, as_period
 from ciclo._prefetch import Prefetch, check_prefetch, placer
-from ciclo._resume import position, prepare
+from ciclo._resume import nothing_left, position, prepare
 from ciclo._run import Run
 from ciclo._runners import abandon, end_hooks_of, finish, make_plan, runners
 from ciclo._short import short
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 
 __all__ = ["EmptyDataWarning", "loop"]
 
@@ -163,7 +163,7 @@ def loop(
         return _run(
             scope, state, history, elapsed, iterator, plan, start, end, end_hooks,
             stop_period, steps_per_call, batch_size_fn, prefetch, metadata,
-            catch_keyboard_interrupt, groups,
+            catch_keyboard_interrupt, groups, start_at,
         )  # fmt: skip
 
 
@@ -184,7 +184,7 @@ def _iterator(dataset: Any, elapsed: Elapsed | None, start_at: Any) -> Any:
 def _run(
     scope, state, history, elapsed, iterator, plan, start, end, end_hooks,
     stop_period, steps_per_call, batch_size_fn, prefetch, metadata,
-    catch_keyboard_interrupt, groups,
+    catch_keyboard_interrupt, groups, start_at,
 ) -> tuple[Any, History, Elapsed]:  # fmt: skip
     """The batches, `on_end` and the end hooks (`loop` after its arguments)."""
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
@@ -257,18 +257,21 @@ def _run(
         except KeyboardInterrupt:  # Ctrl-C while the saves were finished
             if not catch_keyboard_interrupt or getattr(ls, "error", None):
                 raise
-    if (  # a fresh loop over no data (resuming past the end is not a mistake)
+    stopped = interrupted or ls.stop_iteration or ls.stopping
+    if start_at.source is not None and run.current.steps == initial.steps:
+        if not stopped:  # restored at the end of a finished run: said once
+            nothing_left("ciclo.loop", start_at, initial)
+    elif (  # a fresh loop over no data
         initial.steps == 0
         and run.current.steps == 0
-        and not (interrupted or ls.stop_iteration or ls.stopping)
+        and not stopped
         and not (stop_period is not None and stop_period.reached(initial))
     ):
-        warnings.warn(
+        warn(
             EmptyDataWarning(
                 "ciclo.loop: `dataset` yielded no batch, so no task ran on a batch. "
                 "Expected at least one: check that it is not an exhausted iterator "
                 "or generator, or an empty list."
-            ),
-            stacklevel=3,
+            )
         )
     return ls.state, history, run.current

@@ -7,7 +7,6 @@ state the callback got and then taken.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from ciclo._callback import describe, split_output
 from ciclo._logs import Logs
+from ciclo._warn import warn
 
 __all__ = ["Apply", "LoopState", "committed", "read_from"]
 
@@ -147,11 +147,10 @@ def _check_state(new: Any, old: Any, callback: Any) -> None:
             f"value), or (logs, state); return None or (logs, None) to keep the "
             f"state."
         )
-    warnings.warn(
+    warn(
         f"Callback {describe(callback)} returned {what} as the new state, which "
         f"was a {type(old).__name__}; the loop continues with it. If it is not a "
-        f"state, return logs or (logs, None) instead.",
-        stacklevel=5,
+        f"state, return logs or (logs, None) instead."
     )
 
 

@@ -95,7 +95,7 @@ class Passes:
     def skip(self, n: int, start: int = 0, warn: bool = False) -> None:
         """Reads and discards `n` batches (those a resumed run already consumed,
         up to step `start`); with `warn`, says so first (`read_back`)."""
-        if not read_back(self, n, start, "train_loop", stacklevel=5, warn=warn):
+        if not read_back(self, n, start, "train_loop", stacklevel=5, say=warn):
             return
         self.exhausted()  # a pass that ended exactly here counts as completed
         self.empty = True

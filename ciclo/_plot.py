@@ -1,7 +1,15 @@
-"""`History.plot`: learning curves with matplotlib (the `[plot]` extra)."""
+"""`History.plot`: learning curves with matplotlib (the `[plot]` extra).
+
+The figure is made through pyplot, so `plt.show()` shows it in a script and
+Jupyter's inline backend at the end of the cell; it is a `LearningCurves` (a
+matplotlib `Figure`) that, shown as a cell's last expression, is not shown a
+second time at the cell's end (`_ipython_display_`).
+"""
 
 from __future__ import annotations
 
+import functools
+import io
 from typing import Any
 
 import numpy as np
@@ -16,7 +24,7 @@ ELAPSED = "elapsed"
 def plot(history: Any, keys: tuple[str, ...], path: Any, x: str) -> Any:
     """The figure of `History.plot` (see there), written to `path` when given."""
     try:
-        from matplotlib.figure import Figure  # no pyplot: no GUI backend needed
+        import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(
             "History.plot needs matplotlib, which is not installed: install "
@@ -25,7 +33,11 @@ def plot(history: Any, keys: tuple[str, ...], path: Any, x: str) -> Any:
     pairs = [tuple(key.split(".", 1)) for key in history.keys()]  # noqa: SIM118 (a list)
     logged = [(c, n) for c, n in pairs if c != ELAPSED]
     groups = _groups(keys, logged)
-    figure = Figure(figsize=(5.0 * len(groups) or 5.0, 3.6), layout="constrained")
+    figure = plt.figure(
+        figsize=(5.0 * len(groups) or 5.0, 3.6),
+        layout="constrained",
+        FigureClass=_figure_class(),
+    )
     axes = figure.subplots(1, max(len(groups), 1), squeeze=False)[0]
     for axis, (title, series) in zip(axes, groups):
         for collection, name in series:
@@ -73,3 +85,39 @@ def _groups(
         if series:
             groups.append((name, series))
     return groups
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LearningCurves":  # made when matplotlib is first needed
+        return _figure_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _figure_class() -> type:
+    """`LearningCurves`: a matplotlib `Figure` shown once in a notebook."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    class LearningCurves(Figure):
+        """The figure of `History.plot`: a matplotlib `Figure`, held by pyplot."""
+
+        def _ipython_display_(self) -> None:
+            # Shown as a cell's result, by `display(figure)` or `plt.show()`.
+            # The inline backend (Jupyter, Colab) would show it again at the
+            # cell's end, as it does every figure pyplot holds: once shown, it
+            # is closed, as that backend closes the figures it has shown (it
+            # still draws, e.g. as another cell's result).
+            from IPython.display import Image, display
+
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", bbox_inches="tight")
+            display(Image(buffer.getvalue()))
+            inline = "inline" in str(matplotlib.get_backend()).lower()
+            if inline and self.canvas.manager is not None:
+                plt.close(self)
+
+    LearningCurves.__module__ = __name__  # picklable: `ciclo._plot.LearningCurves`
+    LearningCurves.__qualname__ = "LearningCurves"
+    return LearningCurves

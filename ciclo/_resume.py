@@ -10,7 +10,9 @@ advanced past the batches the restored state already consumed (`read_back`, with
 a warning giving the count: those batches are read and discarded; the loop runs it
 inside its interrupt handling, so Ctrl-C ends it as it ends training). Last, objects with `__loop_start__(elapsed)`
 are told the elapsed the loop starts from (None: step 0), after any restore: the
-writers keep an earlier run's rows below it and replace those from it on.
+writers keep an earlier run's rows below it and replace those from it on. A
+restored run with nothing left to train (a finished run's command run again, e.g.
+a notebook cell) says so (`nothing_left`).
 
 This module imports nothing heavy; the checkpoint callback brings orbax.
 """
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import inspect
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -29,6 +30,7 @@ from ciclo._history import History
 from ciclo._interrupts import preempted
 from ciclo._short import short
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 
 __all__ = [
     "Start",
@@ -36,6 +38,7 @@ __all__ = [
     "data_state_from_json",
     "data_state_to_json",
     "is_factory",
+    "nothing_left",
     "position",
     "prepare",
     "read_back",
@@ -44,10 +47,13 @@ __all__ = [
 
 class Start(NamedTuple):
     """Where a resumed run's data starts: the batches the restored state already
-    consumed, and the data iterator's saved state (None when none was saved)."""
+    consumed, the data iterator's saved state (None when none was saved), and
+    where the state was restored from (a checkpoint's directory; None: not
+    restored)."""
 
     batches: int = 0
     data: Any = None
+    source: str | None = None
 
 
 def checkpointable(iterator: Any) -> bool:
@@ -111,10 +117,30 @@ def prepare(
             continue
         before = 0 if elapsed is None else int(elapsed.steps)
         state, history, elapsed, *data = restored
-        start = Start(max(0, int(elapsed.steps) - before), *data)
+        owner = getattr(hook, "__self__", hook)
+        source = getattr(owner, "directory", None)
+        start = Start(
+            max(0, int(elapsed.steps) - before),
+            data[0] if data else None,
+            short(owner, 80) if source is None else str(source),
+        )
     for hook in _hooks(groups, "__loop_start__"):
         hook(elapsed)
     return state, history, elapsed, start
+
+
+def nothing_left(where: str, start_at: Start, elapsed: Elapsed) -> None:
+    """Warns that the run restored from `start_at.source` at `elapsed` trained
+    nothing: the restored state, not the one passed in, is what the loop returns."""
+    warn(
+        f"{where}: restored from {start_at.source!r} at step {elapsed.steps}, and "
+        f"there is nothing left to train: that run already reached its end (its "
+        f"`stop` or `epochs`, or the end of `dataset`). The restored state, "
+        f"history and elapsed are returned as they were saved; the state passed "
+        f"in (e.g. with an edited model or learning rate) is not used. To start "
+        f"fresh, pass a new directory or resume=False; to train further, give a "
+        f"later `stop` (or more epochs or data)."
+    )
 
 
 def _hooks(groups: list[list[Any]], name: str) -> list[Any]:
@@ -180,21 +206,20 @@ def position(
 
 
 def read_back(
-    iterator: Any, skip: int, start: int, where: str, stacklevel: int, warn=True
+    iterator: Any, skip: int, start: int, where: str, stacklevel: int, say=True
 ) -> bool:
     """Reads and discards the first `skip` batches of `iterator` (those a resumed
     run already consumed), saying so first in one warning with the count (with
-    `warn`). Ctrl-C interrupts it as it would a step (the loop then ends cleanly);
+    `say`; it points at the user's line whatever `stacklevel`). Ctrl-C interrupts it as it would a step (the loop then ends cleanly);
     a preemption (SIGTERM) ends it early (the loop then stops before its first
     step). Returns whether all `skip` were read."""
-    if warn and skip > 0:
-        warnings.warn(
+    if say and skip > 0:
+        warn(
             f"{where}: resuming at step {start}: skipping the first {skip} batches "
             f"of `dataset` by reading and discarding them (this consumes them, and "
             f"takes as long as loading them). To start there directly, pass a "
             f"factory `dataset(start_step) -> iterable` instead, e.g. "
-            f"`lambda start_step: make_batches(start=start_step)`.",
-            stacklevel=stacklevel,
+            f"`lambda start_step: make_batches(start=start_step)`."
         )
     end = object()
     read = 0

@@ -46,7 +46,7 @@ def test_the_site_has_its_pages():
         "index.md", "loop.md", "predefined.md", "callbacks.md", "resume.md",
         "observability.md", "managed.md", "scale-out.md", "flax.md",
         "performance.md", "migrating.md", "differences.md", "development.md",
-        "api.md",
+        "api.md", "notebooks.md",
     }  # fmt: skip
     assert expected <= names, expected - names
     for page in PAGES:

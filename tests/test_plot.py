@@ -87,3 +87,17 @@ def test_missing_matplotlib_and_pandas_say_what_to_install():
     )
     assert "install ciclo[plot]" in result.stdout, result.stderr[-2000:]
     assert "needs pandas" in result.stdout
+
+
+def test_plot_is_held_by_pyplot_so_plt_show_shows_it():
+    pytest.importorskip("matplotlib", reason="needs ciclo[plot] (matplotlib)")
+    import matplotlib.figure
+    import matplotlib.pyplot as plt
+
+    figure = make_history().plot("losses.loss")
+    try:
+        assert isinstance(figure, matplotlib.figure.Figure)  # the return contract
+        assert figure.number in plt.get_fignums()  # what plt.show() shows
+        assert plt.gcf() is figure
+    finally:
+        plt.close(figure)

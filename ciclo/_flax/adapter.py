@@ -6,10 +6,11 @@ the losses and metrics a model sows (`sown_names`, traced abstractly).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, NamedTuple, Protocol
 
 import jax
+
+from ciclo._warn import warn
 
 __all__ = ["Forward", "ModelAdapter", "sown_names"]
 
@@ -70,12 +71,11 @@ def sown_names(
         outs = jax.eval_shape(forward, variables, inputs, key)
     except Exception as error:  # the train step reports it, if it recurs there
         message = str(error).strip().splitlines()
-        warnings.warn(
+        warn(
             f"create_flax_state: could not trace a step of the module on `inputs` "
             f"({type(error).__name__}: {message[0] if message else ''}), so the "
             f"losses it sows in that step get no `avg_<name>` running mean. Pass "
-            f"sample `inputs` that the model accepts.",
-            stacklevel=5,  # create_flax_state's caller
+            f"sample `inputs` that the model accepts."
         )
         return (), ()
     losses = tuple(dict.fromkeys(n for out in outs for n in out[0]))

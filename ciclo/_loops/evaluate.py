@@ -5,7 +5,6 @@ compiled to an ordinary task dict and run as one `ciclo.loop` call
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,6 +14,7 @@ from ciclo._loops.register import register
 from ciclo._loops.tables import PREDICT, TEST
 from ciclo._period import as_period
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 
 __all__ = ["predict_loop", "test_loop"]
 
@@ -27,11 +27,10 @@ def _warn_if_empty(where: str, result: Any, loop_kwargs: Mapping[str, Any]) -> N
         stop is not None and as_period(stop, "stop").reached(start)
     ):
         return
-    warnings.warn(
+    warn(
         f"{where}: `dataset` yielded no batch (starting at step {start.steps}), so "
         f"there is nothing in the history. Expected at least one batch: check that "
-        f"it is not an exhausted iterator or generator, or an empty list.",
-        stacklevel=3,
+        f"it is not an exhausted iterator or generator, or an empty list."
     )
 
 

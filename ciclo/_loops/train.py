@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from ciclo._fused import check_steps, declared_steps, fuse_passes
 from ciclo._history import History
@@ -39,11 +39,12 @@ from ciclo._loops.tables import EPOCH_LOGS, EPOCH_SUM, NESTED, TRAIN
 from ciclo._passes import train_data
 from ciclo._period import Period, as_period
 from ciclo._prefetch import check_prefetch, prefetch_passes
-from ciclo._resume import prepare
+from ciclo._resume import nothing_left, prepare
 from ciclo._runners import abandon
 from ciclo._schedules.epoch import EpochEnd, epochs_end
 from ciclo._schedules.named import on_train_step
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 from ciclo.callbacks._epoch_logs import EpochLogs
 from ciclo.callbacks._test_loops import test_loops
 
@@ -72,7 +73,7 @@ def train_loop(
     metadata: Any = None,
     batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
     inner_loop_kwargs: Mapping[str, Any] | None = None,
-    resume: str | os.PathLike | None = None,
+    resume: str | os.PathLike | Literal[False] | None = None,
     steps_per_call: int | None = None,
     prefetch: int | None = None,
 ) -> tuple[Any, History, Elapsed]:
@@ -138,6 +139,10 @@ def train_loop(
             back is an error; the directory is locked against a second run,
             and released on every way out). On SIGTERM it saves the step
             reached before the process ends (status 143; see `ciclo.loop`).
+            A run restored with nothing left to train (the same finished run
+            again, e.g. a notebook cell re-run) returns the restored state,
+            history and elapsed, with a warning naming the directory and step.
+            None or False: no checkpoint; start fresh.
         steps_per_call: run this many train steps per compiled call (see
             `ciclo.fuse`); default: what the train step declares, else 1.
         prefetch: the batches (fused calls) read and placed on the device with
@@ -171,7 +176,7 @@ def train_loop(
         >>> int(state), history.collect("steps", "seen_test")
         (6, ([3], [4.0]))
     """
-    if resume is not None:  # the checkpoint imports orbax: only when asked for
+    if resume is not None and resume is not False:  # orbax only when asked for
         from ciclo.callbacks._checkpoint import resuming
 
         callbacks = resuming(as_list(callbacks), resume)
@@ -248,11 +253,12 @@ def train_loop(
             if isinstance(error, KeyboardInterrupt) and catch_keyboard_interrupt:
                 return state, history, reached
             raise
-    if data.empty and not (stop_at is not None and stop_at.reached(start)):
-        warnings.warn(
+    if start_at.source is not None and result[2].steps == start.steps:
+        nothing_left("train_loop", start_at, start)
+    elif data.empty and not (stop_at is not None and stop_at.reached(start)):
+        warn(
             f"train_loop: `dataset` yielded no batch (starting at step "
             f"{start.steps}), so nothing was trained. Check that it is not an "
-            f"exhausted iterator or generator, or an empty list.",
-            stacklevel=2,
+            f"exhausted iterator or generator, or an empty list."
         )
     return result

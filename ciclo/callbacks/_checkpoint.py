@@ -16,7 +16,6 @@ pending at interpreter exit (`_pending`).
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +24,7 @@ import orbax.checkpoint as ocp
 from ciclo._batch import batch_size
 from ciclo._history import History
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 from ciclo.callbacks import _orbax
 from ciclo.callbacks._checkpoint_loop import LoopCheckpoint
 from ciclo.callbacks._history_item import history_json
@@ -237,15 +237,14 @@ class checkpoint(LoopCheckpoint):
             )
         if not consumed and self._returned is not None and elapsed is self._returned:
             consumed = True
-            warnings.warn(
+            warn(
                 f"ciclo.checkpoint: ckpt(elapsed, state) was given the `elapsed` "
                 f"the loop returned (this checkpoint ran in that loop), which "
                 f"already counts the loop's last batch: recorded as step "
                 f"{elapsed.steps}, not {elapsed.steps + 1}. Say so with "
                 f"ckpt(elapsed, state, consumed=True); without it a checkpoint that "
                 f"did not run in the loop records elapsed.steps + 1 (the rule for "
-                f"ciclo.elapse's before-the-batch `elapsed`).",
-                stacklevel=2,
+                f"ciclo.elapse's before-the-batch `elapsed`)."
             )
         if consumed and batch is not None:
             raise ValueError(

@@ -11,12 +11,12 @@ logged in the step they are taken at (`_ranking`).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from ciclo._history import History
 from ciclo._interrupts import DEFERRED
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 from ciclo.callbacks._history_item import history_json
 from ciclo.callbacks._monitor import logged
 from ciclo.callbacks._restore import restore_from
@@ -72,8 +72,14 @@ class LoopCheckpoint(Saver):
             state, elapsed, history, data = restore_from(
                 manager, state, False, None, with_history=True, fallback=True
             )
-        except BaseException:
+        except BaseException as error:
             self.close()  # the loop does not start: nothing to hold
+            if isinstance(error, ValueError):  # e.g. a model edited since
+                error.add_note(
+                    f"Resuming from {str(self.directory)!r}: the state passed in "
+                    f"must be built like the saved one. To start fresh instead, "
+                    f"pass a new directory or resume=False."
+                )
             raise
         self._skipped = {s for s in steps if s > elapsed.steps}
         self._resumed_from = int(elapsed.steps)
@@ -115,9 +121,8 @@ class LoopCheckpoint(Saver):
         try:
             self.close()
         except Exception as error:  # the loop's own error goes on, not this one
-            warnings.warn(
+            warn(
                 f"ciclo.checkpoint: a pending save to {self.directory} failed while "
                 f"the loop was ending with {type(failing).__name__}: "
-                f"{type(error).__name__}: {error}",
-                stacklevel=2,
+                f"{type(error).__name__}: {error}"
             )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import array
 import base64
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 
 __all__ = ["history_from_json", "history_json"]
 
@@ -110,10 +110,7 @@ def history_json(
             try:
                 encoded = {"list": [_encode(v, where) for v in values]}
             except TypeError as error:  # the state still saves; this entry doesn't
-                warnings.warn(
-                    f"{error} Entry {where} is left out of the saved history.",
-                    stacklevel=4,
-                )
+                warn(f"{error} Entry {where} is left out of the saved history.")
                 continue
         columns.append(
             {

@@ -25,10 +25,11 @@ import socket
 import threading
 import time
 import uuid
-import warnings
 from typing import Any
 
 from etils import epath
+
+from ciclo._warn import warn
 
 __all__ = ["HEARTBEAT", "NAME", "STALE_AFTER", "acquire", "release"]
 
@@ -128,10 +129,9 @@ def _acquire(directory: epath.Path) -> bool:
                 holder = _read(lock)
             if holder is None:
                 if _unreadable_for(lock) > 5.0 and _take_over(lock, None):
-                    warnings.warn(
+                    warn(
                         f"ciclo.checkpoint: replacing the unreadable lock file {lock} "
-                        f"(a run died while writing it).",
-                        stacklevel=5,
+                        f"(a run died while writing it)."
                     )
                 continue
             reason = _stale(lock, holder)
@@ -144,10 +144,9 @@ def _acquire(directory: epath.Path) -> bool:
                     f"that run is in fact dead, delete {lock}."
                 )
             if _take_over(lock, holder):
-                warnings.warn(
+                warn(
                     f"ciclo.checkpoint: taking over the stale lock of {directory} "
-                    f"left by {_who(holder)}: {reason}.",
-                    stacklevel=5,
+                    f"left by {_who(holder)}: {reason}."
                 )
         raise RuntimeError(
             f"ciclo.checkpoint: could not take the lock {lock} (another run keeps "

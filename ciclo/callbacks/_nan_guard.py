@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +9,7 @@ import numpy as np
 
 from ciclo._locate import locate
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS
+from ciclo._warn import warn
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import LaggedQueue
 
@@ -197,7 +197,7 @@ class nan_guard(LoopElement):
         self._error = None
         if self.action == "raise":
             raise error
-        warnings.warn(str(error), RuntimeWarning, stacklevel=3)
+        warn(str(error), RuntimeWarning)
         if loop_state is not None:
             loop_state.stop_after_batch()
             if self.keep_good_state and self.good_state is not None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import Any
 
 import orbax.checkpoint as ocp
 
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 from ciclo.callbacks import _orbax
 from ciclo.callbacks._pending import wait_for
 from ciclo.callbacks._ranking import best_key, score
@@ -148,13 +148,12 @@ def restore_from(
             skipped.append(error)
             continue
         if skipped:
-            warnings.warn(
+            warn(
                 f"ciclo.checkpoint: resuming from step {candidate} in {where}: "
                 f"skipped the newer checkpoint(s) that do not read back whole "
                 f"(damaged or incomplete): {_listed(skipped)}. Nothing was loaded "
                 f"from them; they stay on disk until this run's saves replace "
-                f"them.",
-                stacklevel=5,  # the train_loop / loop call
+                f"them."
             )
         return restored
     raise ValueError(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -32,6 +31,7 @@ from ciclo._interrupts import DEFERRED, reached_preemption
 from ciclo._resume import data_state_to_json
 from ciclo._time import Elapsed
 from ciclo._transfer import explicit
+from ciclo._warn import warn
 from ciclo.callbacks import _faults, _integrity, _lock, _orbax
 from ciclo.callbacks._agree import agreed
 from ciclo.callbacks._monitor import Monitor
@@ -110,12 +110,11 @@ class Saver:
                 s for s in stale if s not in self._saved and s not in self._skipped
             ]
             if foreign:
-                warnings.warn(
+                warn(
                     f"ciclo.checkpoint: {self.directory} has checkpoints at steps "
                     f"{foreign} from an earlier run, not before this save at step "
                     f"{step}; deleting them (one directory is one timeline). Use a "
-                    f"new directory to keep them.",
-                    stacklevel=4,
+                    f"new directory to keep them."
                 )
             for s in stale:
                 manager.delete(s)

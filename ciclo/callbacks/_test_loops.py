@@ -4,7 +4,6 @@ hooks around the test ones) over a fresh `test_dataset()`."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +17,7 @@ from ciclo._schedules.constant import always
 from ciclo._schedules.named import When, on_test_step, on_validation_step
 from ciclo._short import short
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 from ciclo.callbacks._inner_loop import TEST_AGGREGATION, inner_loop
 
 
@@ -113,13 +113,12 @@ def _evaluation(run, named, test_dataset, test_duration, loop_kwargs):
             stop=test_duration, catch_keyboard_interrupt=False, **loop_kwargs,
         )  # fmt: skip
         if output[2].steps == 0:
-            warnings.warn(
+            warn(
                 f"train_loop: `test_dataset()` yielded no batch, so this epoch has "
                 f"no test metrics (monitors of them fail at this step). "
                 f"`test_dataset` must return a FRESH iterable each epoch: "
                 f"`lambda: make_batches()`, not `lambda: g` with one generator `g` "
-                f"(exhausted after the first epoch). Got {short(test_dataset, 80)}.",
-                stacklevel=2,
+                f"(exhausted after the first epoch). Got {short(test_dataset, 80)}."
             )
         return output
 

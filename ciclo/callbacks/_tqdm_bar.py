@@ -1,4 +1,5 @@
-"""`tqdm_bar`: a tqdm progress bar showing the step's losses and metrics."""
+"""`tqdm_bar`: a tqdm progress bar showing the step's losses and metrics: tqdm's
+notebook widget in a Jupyter kernel (as `tqdm.auto` chooses), text elsewhere."""
 
 from __future__ import annotations
 
@@ -18,6 +19,26 @@ _PLAIN = "{n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 _PLAIN_UNKNOWN = "{n_fmt}{unit} [{elapsed}, {rate_fmt}{postfix}]"
 
 
+def _notebook_tqdm() -> type[_tqdm.tqdm] | None:
+    """tqdm's notebook widget bar in a Jupyter kernel (Jupyter, Colab, VS Code)
+    whose environment has ipywidgets (the `[bars]` extra installs it), as
+    `tqdm.auto` picks it; None elsewhere, or without ipywidgets, where the text
+    bar (redrawn in place by the kernel) stands in, without tqdm's warning."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:  # no IPython imported: not a kernel
+        return None
+    try:
+        shell = ipython.get_ipython()
+        if shell is None or "IPKernelApp" not in shell.config:  # a terminal IPython
+            return None
+        import ipywidgets  # noqa: F401  (the widget's library)
+        from tqdm.notebook import IProgress
+        from tqdm.notebook import tqdm as notebook
+    except Exception:  # no (working) ipywidgets
+        return None
+    return None if IProgress is None else notebook
+
+
 class tqdm_bar(ProgressBar):
     """A tqdm progress bar; the losses and metrics logged so far are its postfix.
 
@@ -28,8 +49,11 @@ class tqdm_bar(ProgressBar):
     and `close()` when the total is reached or the loop ends (also on Ctrl-C or an
     error); runs on `on_train_batch_end` in `ciclo.train_loop(callbacks=[...])`;
     spread it into a `ciclo.loop` task dict with `**`; call it by hand as
-    `bar(elapsed, logs)`. When `file` is not a terminal (a log file, a pipe, CI),
-    or with `plain=True`, it writes one plain line (no `\\r`) every
+    `bar(elapsed, logs)`. In a Jupyter kernel (Jupyter, Colab, VS Code) it is
+    tqdm's notebook widget, as with `tqdm.auto` (it needs ipywidgets, which the
+    `[bars]` extra installs; without it, or with a `file`, the text bar). When
+    `file` is not a terminal (a log file, a pipe, CI), or with `plain=True`, it
+    writes one plain line (no `\\r`) every
     `plain_interval` seconds, and a final line when the loop ends:
 
         train: 80/100 [00:04<00:01, 19.90step/s, loss=0.382, accuracy=0.901]
@@ -45,7 +69,7 @@ class tqdm_bar(ProgressBar):
         plain_interval: the seconds between two plain lines (not a terminal).
         plain: True: always plain lines; False: always a tqdm bar; None
             (default): plain lines when `file` is not a terminal (a Jupyter cell
-            counts as one).
+            counts as one: there the widget, or the text bar redrawn in place).
         file: where to write (tqdm's default: `sys.stderr`).
         desc: a label in front of the bar.
         leave: keep the finished bar on screen.
@@ -97,7 +121,8 @@ class tqdm_bar(ProgressBar):
 
     def _bar(self, current: float, target: float | None, unit: str) -> _tqdm.tqdm:
         if self._tqdm is None:
-            self._tqdm = _tqdm.tqdm(
+            notebook = _notebook_tqdm() if self._kwargs["file"] is None else None
+            self._tqdm = (notebook or _tqdm.tqdm)(
                 total=target,
                 initial=current,
                 unit=unit,
