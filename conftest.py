@@ -10,9 +10,9 @@ import pytest
 
 # doctest item name (a prefix) -> the package its example needs
 _DOCTEST_NEEDS = {
-    "ciclo._history.History.plot": "matplotlib",
-    "ciclo._history.History.to_pandas": "pandas",
-    "ciclo._plot": "matplotlib",
+    "ciclo._history.history.History.plot": "matplotlib",
+    "ciclo._history.history.History.to_pandas": "pandas",
+    "ciclo._history.plot": "matplotlib",
     "ciclo.callbacks._tensorboard": "tensorboardX",
     "ciclo.callbacks._wandb": "wandb",
 }

@@ -20,23 +20,23 @@ from typing import Any
 
 from ciclo._time import Elapsed as Elapsed
 from ciclo._period import Period as Period
-from ciclo._batch import Steps as Steps
+from ciclo._input.batch import Steps as Steps
 from ciclo._period import at as at
 from ciclo._time import elapse as elapse
 from ciclo._logs import Logs as Logs
 from ciclo._logs import logs as logs
-from ciclo._history import History as History
-from ciclo._history import history as history
-from ciclo._callback import inject as inject
+from ciclo._history.history import History as History
+from ciclo._history.history import history as history
+from ciclo._loop.callback import inject as inject
 from ciclo._schedules import Schedule as Schedule
 from ciclo._schedules import after as after
 from ciclo._schedules import always as always
 from ciclo._schedules import every as every
 from ciclo._schedules import never as never
 from ciclo._schedules import piecewise as piecewise
-from ciclo._loop_state import LoopState as LoopState
-from ciclo._loop import loop as loop
-from ciclo._fused import fuse as fuse
+from ciclo._loop.state import LoopState as LoopState
+from ciclo._loop.loop import loop as loop
+from ciclo._input.fused import fuse as fuse
 from ciclo._schedules.named import NamedSchedule as NamedSchedule
 from ciclo._schedules.named import on_epoch_begin as on_epoch_begin
 from ciclo._schedules.named import on_epoch_end as on_epoch_end
@@ -63,10 +63,10 @@ from ciclo._schedules.named import on_validation_batch_end as on_validation_batc
 from ciclo._schedules.named import on_validation_begin as on_validation_begin
 from ciclo._schedules.named import on_validation_end as on_validation_end
 from ciclo._schedules.named import on_validation_step as on_validation_step
-from ciclo._iterate import iterate as iterate
-from ciclo._loops.evaluate import predict_loop as predict_loop
-from ciclo._loops.evaluate import test_loop as test_loop
-from ciclo._loops.train import train_loop as train_loop
+from ciclo._loop.iterate import iterate as iterate
+from ciclo._predefined.evaluate import predict_loop as predict_loop
+from ciclo._predefined.evaluate import test_loop as test_loop
+from ciclo._predefined.train import train_loop as train_loop
 from ciclo import callbacks as callbacks
 from ciclo.callbacks._early_stopping import early_stopping as early_stopping
 from ciclo.callbacks._inner_loop import inner_loop as inner_loop
@@ -84,8 +84,8 @@ from ciclo.callbacks._wandb import wandb_logger as wandb_logger
 _LAZY = {
     "keras_bar": ("ciclo.callbacks._keras_bar", "keras_bar", "bars"),
     "tqdm_bar": ("ciclo.callbacks._tqdm_bar", "tqdm_bar", "bars"),
-    "checkpoint": ("ciclo.callbacks._checkpoint", "checkpoint", "checkpoint"),
-    "restore": ("ciclo.callbacks._restore", "restore", "checkpoint"),
+    "checkpoint": ("ciclo._checkpoint.checkpoint", "checkpoint", "checkpoint"),
+    "restore": ("ciclo._checkpoint.restore", "restore", "checkpoint"),
     "managed": ("ciclo.managed", None, "flax"),
     "Strategy": ("ciclo._strategies", "Strategy", "flax"),
     "register_strategy": ("ciclo._strategies", "register_strategy", "flax"),

@@ -118,7 +118,7 @@ class Scope:
     def _end_process(self) -> None:
         """Ends the process as SIGTERM would have: the pending saves finished, the
         default handler back, the signal sent again (status 143)."""
-        pending = sys.modules.get("ciclo.callbacks._pending")
+        pending = sys.modules.get("ciclo._checkpoint.pending")
         if pending is not None:  # checkpoints saved by hand: their saves too
             pending.finish_pending()
         if self.sync is not None:  # leave the coordination service cleanly

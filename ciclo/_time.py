@@ -1,6 +1,6 @@
 """Training time: `Elapsed` (where the loop is) and `elapse` (iterating a dataset
 with it). The points it is compared with are `Period`s (`ciclo._period`); what a
-batch counts as is `ciclo._batch`'s."""
+batch counts as is `ciclo._input.batch`'s."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from ciclo._batch import Steps, batch_size
+from ciclo._input.batch import Steps, batch_size
 from ciclo._period import Period, any_field, as_period
 
 __all__ = ["Elapsed", "elapse", "new_elapsed"]

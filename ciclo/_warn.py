@@ -3,7 +3,7 @@
 Its stacklevel is counted at run time to the first frame outside the ciclo package,
 however deep in ciclo it is raised (a loop's hook, a nested test loop, a restore
 run by `train_loop` or by `loop`), so Python shows the user's line, and a notebook
-the user's cell, never ciclo's internals (`ciclo/_runners.py:33`).
+the user's cell, never ciclo's internals (`ciclo/_loop/runners.py:33`).
 """
 
 from __future__ import annotations

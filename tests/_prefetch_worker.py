@@ -21,7 +21,7 @@ import jax
 
 import ciclo
 from ciclo import managed
-from ciclo._batch import placed_for
+from ciclo._input.batch import placed_for
 from ciclo.managed._placement import place_ahead
 
 assert jax.device_count() == 4, jax.devices()

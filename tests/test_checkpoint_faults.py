@@ -150,7 +150,7 @@ def test_a_changed_byte_in_an_array_is_caught_by_the_checksums(tmp_path):
     "dtype", ["bool", "int8", "uint16", "bfloat16", "float16", "int32", "float32"]
 )
 def test_the_checksums_are_the_same_on_the_host_and_on_a_device(dtype):
-    from ciclo.callbacks import _integrity
+    from ciclo._checkpoint import integrity as _integrity
 
     bits = np.random.default_rng(0).integers(0, 2**32, size=(3, 37), dtype=np.uint32)
     x = jax.lax.bitcast_convert_type(jnp.asarray(bits), jnp.uint8).reshape(3, -1)

@@ -8,7 +8,7 @@ from _gate import Gate
 from _guard import disallow_device_to_host
 
 import ciclo
-import ciclo._transfer as transfer
+import ciclo._history.transfer as transfer
 
 
 def _commit_steps(history, values):

@@ -16,10 +16,14 @@ import jax.numpy as jnp
 import pytest
 
 import ciclo
-from ciclo import _batch, _columns, _history, _time, _transfer
+from ciclo import _time
+from ciclo._history import columns as _columns
+from ciclo._history import history as _history
+from ciclo._history import transfer as _transfer
+from ciclo._input import batch as _batch
 from ciclo._logs import Logs
-from ciclo._loop_state import Apply, LoopState
-from ciclo._run import Run
+from ciclo._loop.run import Run
+from ciclo._loop.state import Apply, LoopState
 
 ALWAYS = ciclo.every(1)
 BATCHES = 6

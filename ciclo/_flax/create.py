@@ -8,8 +8,8 @@ from typing import Any
 
 import optax
 
-from ciclo._callback import arity
 from ciclo._flax.state import FlaxState
+from ciclo._loop.callback import arity
 from ciclo._short import short
 
 __all__ = ["create_flax_state"]

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ciclo._callback import describe as _describe
+from ciclo._loop.callback import describe as _describe
 
 __all__ = ["KeywordCall"]
 

@@ -1,6 +1,6 @@
 """Named schedules (`ciclo.on_train_step`, ...): places in a predefined loop's
 order, usable as task keys and composable with ordinary schedules (`&`, `.every`).
-Where each one runs is in `ciclo._loops.tables`.
+Where each one runs is in `ciclo._predefined.tables`.
 """
 
 from __future__ import annotations

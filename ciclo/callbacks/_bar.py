@@ -24,7 +24,7 @@ import time as _time
 from collections.abc import Mapping
 from typing import Any
 
-from ciclo._batch import batch_size
+from ciclo._input.batch import batch_size
 from ciclo._period import Period
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement

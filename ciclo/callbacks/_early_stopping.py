@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ciclo._batch import batch_size
+from ciclo._input.batch import batch_size
 from ciclo._period import Period, as_period
 from ciclo._time import Elapsed
 from ciclo.callbacks._monitor import Monitor, as_logs

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ciclo._history import History
-from ciclo._history_store import ELAPSED
+from ciclo._history.history import History
+from ciclo._history.store import ELAPSED
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, Logs
 from ciclo._short import short
 from ciclo._time import Elapsed

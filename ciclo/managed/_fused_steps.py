@@ -11,7 +11,7 @@ import einop
 import jax
 import jax.numpy as jnp
 
-from ciclo._fused import check_steps
+from ciclo._input.fused import check_steps
 from ciclo._logs import OUTPUTS, STATEFUL_METRICS, Logs
 from ciclo._time import Elapsed
 

@@ -1,6 +1,6 @@
 """`ManagedStep`: a step compiled per strategy and called as a loop callback.
 
-A managed step is a callback like any other (`ciclo._callback`): its function
+A managed step is a callback like any other (`ciclo._loop.callback`): its function
 takes `(state)`, `(state, batch)` or `(state, batch, elapsed)` and returns logs, a
 state, or `(logs, state)`. Called with a batch, it runs one compiled step; with a
 fused `ciclo.Steps`, the steps of the call in one compiled `scan`. What the
@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo._batch import Placed, Steps, placed_for
-from ciclo._callback import arity, describe, split_output
+from ciclo._input.batch import Placed, Steps, placed_for
 from ciclo._logs import Logs
+from ciclo._loop.callback import arity, describe, split_output
 from ciclo._short import short
 from ciclo._strategies.base import Collectives, Strategy
 from ciclo._strategies.registry import get_strategy

@@ -1,7 +1,7 @@
 """How a managed step's arguments reach the device.
 
 A batch is placed with the strategy, possibly ahead of its step by the loop
-(`place_ahead`, for `ciclo._prefetch`); a fused batch `(steps, batch, ...)` is
+(`place_ahead`, for `ciclo._input.prefetch`); a fused batch `(steps, batch, ...)` is
 laid out batch-major for a strategy that splits the batch axis; `elapsed` goes
 into a compiled step packed into two arrays.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ciclo._batch import Steps
+from ciclo._input.batch import Steps
 from ciclo._strategies.base import Strategy
 from ciclo._time import Elapsed
 
@@ -62,7 +62,7 @@ def place_ahead(strategy: Strategy, batch: Any) -> Any:
     """`batch` placed for a managed step under `strategy`, as the step would place
     it (a fused `Steps`: its stacked batch, as `Strategy.place_steps` lays it
     out); on the device even for a strategy that leaves batches to `jit` (`jit`,
-    `eager`). Used to place batches ahead of their step (`ciclo._prefetch`)."""
+    `eager`). Used to place batches ahead of their step (`ciclo._input.prefetch`)."""
     as_is = type(strategy).place_batch is Strategy.place_batch
     if type(batch) is Steps:
         batch = batch.batch

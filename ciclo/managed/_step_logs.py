@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ciclo._callback import describe, inject
 from ciclo._logs import LOSSES, METRICS, OUTPUTS, STATEFUL_METRICS, Logs
+from ciclo._loop.callback import describe, inject
 from ciclo._strategies.base import Collectives, is_stateful_metric
 
 __all__ = ["REDUCTIONS", "accumulate", "grad_logs", "reduce_logs", "total_loss"]

@@ -1,0 +1,282 @@
+"""`ciclo.checkpoint`: save the state and its `Elapsed` with orbax-checkpoint.
+
+Each checkpoint is an orbax step directory named by `elapsed.steps` — the batches
+already trained INTO the saved state — holding the state, its `elapsed` and the
+run's history up to it (`_orbax`, `_history_item`). Saves are asynchronous (orbax
+writes in the background) and are finished before the loop returns.
+
+This module holds the public class: its arguments and what a save by hand
+records. The rest is in its bases and neighbours: writing and reading the
+directory (`_saver`: lock, manager, timeline, faults), its part in a loop
+(`_checkpoint_loop`), which checkpoints are kept (`_ranking`), the state's saved
+layout (`_state_layout`), reading back (`_restore`, `_read`), and the saves
+pending at interpreter exit (`_pending`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from ciclo._checkpoint import orbax as _orbax
+from ciclo._checkpoint.history_item import history_json
+from ciclo._checkpoint.in_loop import LoopCheckpoint
+from ciclo._checkpoint.layout import as_items
+from ciclo._history.history import History
+from ciclo._input.batch import batch_size
+from ciclo._time import Elapsed
+from ciclo._warn import warn
+from ciclo.callbacks._monitor import Monitor
+
+__all__ = ["checkpoint", "resuming"]
+
+
+class checkpoint(LoopCheckpoint):
+    """Saves the state and its `Elapsed` with orbax-checkpoint at each call.
+
+    In `ciclo.train_loop(callbacks=[...])` it runs on `on_epoch_end`; in `ciclo.loop`
+    give it a schedule (`{ciclo.every(1000): [train_step, ckpt]}`, after the train
+    step). The checkpoint's step is the number of batches trained into the saved
+    state: in a loop it counts the current batch (a checkpoint taken after batch 4
+    — the 5th — says `steps == 5`). Called by hand, `ckpt(elapsed, state)` takes
+    the `elapsed` that `ciclo.elapse` gave with the batch the state was just
+    trained on, and also counts that batch (pass `batch=` so samples count it too).
+
+    Each checkpoint also holds the run's history up to it (this step's logs so far
+    included), so that a resumed run continues it. Saves are asynchronous; the loop
+    waits for them when it ends (normally, on Ctrl-C or on an error). By hand,
+    pending saves finish when the interpreter exits normally and `ciclo.restore` in
+    the same process waits for them; `wait()` / `close()` finish them now.
+
+    Args:
+        directory: where to save (created if missing; a local path or a URL orbax
+            supports, e.g. `gs://...`).
+        monitor: keep the best checkpoints by this logged entry (bare name or
+            `"collection.name"`, e.g. `"accuracy_test"`); None keeps the latest.
+        mode: `"min"` or `"max"`: whether lower or higher `monitor` is better.
+        keep: how many checkpoints to keep: the latest ones, or with `monitor` the
+            best ones (the latest is always kept too, to resume from).
+        async_save: write in the background (orbax async checkpointing).
+        resume: before the first loop it is given to (`train_loop(callbacks=[...])`,
+            or any task of `ciclo.loop`), restore the latest complete checkpoint of
+            `directory` — state (optimizer state and RNG included), `elapsed` and
+            the history so far — and start the data there: a dataset given as a
+            factory `dataset(start_step)` is called with it, a plain iterable is
+            advanced past the consumed batches (with a warning). With no complete
+            checkpoint there (none, or only one killed mid-write), start fresh.
+            Newer checkpoints that do not read back whole (damaged files) are
+            skipped with a warning; if none reads back, a ValueError (never a
+            silent fresh start).
+        items: save only these fields of the state (attribute names of a
+            dataclass / Flax struct such as `"params"`, or keys of a dict), e.g.
+            `items=["params", "batch_stats"]` to leave the optimizer state out.
+            Restoring such a checkpoint needs a target state: the saved fields are
+            put into it and the others are the target's (a resumed run keeps a
+            fresh optimizer state).
+
+    Monitored checkpoints are ranked only by a fresh value: in a loop, one logged
+    in this step (for an epoch end, this epoch's test loop); a checkpoint taken
+    when the monitored entry was not logged this step (e.g. the test loop ran only
+    every n epochs) is saved and kept as the latest, but not ranked. An entry
+    never logged in the whole loop is an error when the loop ends normally (a
+    loop ending with an error raises that error alone). Ties: among checkpoints
+    with the same best value the EARLIEST is the best one (the one kept, and the
+    one `best=True` restores), as Keras' `ModelCheckpoint(save_best_only=True)`
+    and Lightning, where only a strict improvement replaces the best.
+
+    Raises:
+        TypeError: if `directory` is not a path, `keep` not an int, or `items`
+            not a name or a list of names.
+        ValueError: if `keep < 1` or `mode` is not "min"/"max"; at a save, if the
+            monitored metric was not logged (the message lists what was).
+        RuntimeError: when a loop starts with it, or at a save by hand, if another
+            live run holds the directory (its lock file `ciclo.lock` names the
+            host, pid and start time; a dead run's lock is taken over with a
+            warning). The lock is released when the loop ends or at `close()`.
+        OSError: (errno ENOSPC) at a save, when the disk is full: one error
+            naming the directory, the step not saved and the previous checkpoint,
+            which is intact (the partial files are removed).
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp, ciclo
+        >>> def train_step(state, batch):
+        ...     logs = ciclo.logs()
+        ...     _ = logs.add_metric("accuracy", batch / 10)
+        ...     return logs, state + batch
+        >>> directory = tempfile.mkdtemp()
+        >>> ckpt = ciclo.checkpoint(directory, monitor="accuracy", mode="max")
+        >>> _ = ciclo.loop(
+        ...     jnp.array(0), [3, 9, 1], {ciclo.every(1): [train_step, ckpt]}
+        ... )
+        >>> ckpt.steps(), ckpt.best_step()
+        ([2, 3], 2)
+        >>> state, elapsed = ckpt.restore(jnp.array(0), best=True)
+        >>> int(state), elapsed.steps
+        (12, 2)
+
+        Resuming in one line (here the second run continues the first):
+
+        >>> directory = tempfile.mkdtemp()
+        >>> def run(stop):
+        ...     ckpt = ciclo.checkpoint(directory, resume=True)
+        ...     return ciclo.loop(jnp.array(0), lambda start: range(start, 10),
+        ...                       {ciclo.every(1): [train_step], ciclo.every(3): ckpt},
+        ...                       stop=stop)
+        >>> _ = run(stop=5)  # saved after batches 0 and 3: steps 1 and 4
+        >>> state, history, elapsed = run(stop=10)  # restarts at batch 4
+        >>> int(state), elapsed.steps, history.collect("steps")[:6]
+        (45, 10, [0, 1, 2, 3, 4, 5])
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        monitor: str | None = None,
+        mode: str = "min",
+        keep: int = 1,
+        async_save: bool = True,
+        resume: bool = False,
+        items: str | list[str] | tuple[str, ...] | None = None,
+    ):
+        self.items = as_items(items)
+        if isinstance(keep, bool) or not isinstance(keep, int):
+            raise TypeError(f"`keep` must be an int, got {keep!r}.")
+        if keep < 1:
+            raise ValueError(
+                f"`keep` must be >= 1 (checkpoints to keep), got {keep}; to save "
+                f"nothing, don't add a checkpoint callback."
+            )
+        self.directory = _orbax.path(directory)
+        self.monitor = (
+            None if monitor is None else Monitor(monitor, mode, owner="checkpoint")
+        )
+        if monitor is None and mode not in ("min", "max"):
+            raise ValueError(f"`mode` must be 'min' or 'max'; got {mode!r}.")
+        self.keep = keep
+        self.async_save = bool(async_save)
+        if not isinstance(resume, bool):
+            raise TypeError(
+                f"`resume` must be True or False, got {resume!r} "
+                f"({type(resume).__name__}); the directory is the first argument: "
+                f"ciclo.checkpoint('ckpts/', resume=True)."
+            )
+        self.resume = resume
+        self._resume_pending = resume  # resumes once, before the first loop
+        self._manager: ocp.CheckpointManager | None = None
+        self._saved: set[int] = set()
+        self._unranked = self._fresh = False  # this loop's saves, with monitor
+        self._returned: Elapsed | None = None  # what the last loop it ran in returned
+        self._locked = False  # holds the directory's lock (one run per directory)
+        self._pending: int | None = None  # the step of a save not known written yet
+        self._skipped: set[int] = set()  # steps the resume skipped as unreadable
+        self._resumed_from: int | None = None  # the step its resume restored
+
+    # -- registration -----------------------------------------------------------
+    @property
+    def on_epoch_end(self) -> checkpoint:
+        """The callback itself: `train_loop(callbacks=[ckpt])` saves each epoch."""
+        return self
+
+    # -- saving -------------------------------------------------------------------
+    def __call__(
+        self,
+        elapsed: Elapsed,
+        state: Any,
+        logs: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        batch: Any = None,
+        history: History | None = None,
+        consumed: bool = False,
+    ) -> None:
+        """Saves `state` by hand, after training it on the batch `elapsed` came with.
+
+        The checkpoint records the batches trained into `state`. The rule: by
+        default `elapsed` is the one `ciclo.elapse` gave with the batch just
+        trained on (counted before it), so the checkpoint records
+        `elapsed.steps + 1`. An `elapsed` that already counts every consumed
+        batch — the one a loop returned, `ciclo.iterate`'s,
+        `loop_state.elapsed_after`, or a restored one — is passed with
+        `consumed=True` and recorded as it is. The one exception is detected:
+        the very `Elapsed` returned by a loop this checkpoint ran in is recorded
+        as is, with a warning to pass `consumed=True` (a checkpoint that did not
+        run in the loop cannot tell, and records `elapsed.steps + 1`).
+
+        Args:
+            elapsed: the `Elapsed` from `ciclo.elapse` for that batch; the checkpoint
+                records `elapsed.steps + 1` (and with `batch`, its samples too);
+                with `consumed=True`, the `Elapsed` after the batches (recorded
+                as is).
+            state: the state to save.
+            logs: the step's logs; required with `monitor`.
+            batch: the batch, to count its samples.
+            history: the run's `History`, saved beside the state (with `logs` as
+                the step's row when they are not committed yet) so that a resumed
+                run continues it.
+            consumed: whether `elapsed` already counts the batch `state` was
+                trained on (see above).
+
+        Raises:
+            ValueError: with `monitor` and no `logs`, or `batch` with
+                `consumed=True` (the batch is counted already).
+
+        Example:
+            >>> import tempfile, ciclo
+            >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), async_save=False)
+            >>> state, _, elapsed = ciclo.loop(0, [1, 2], {ciclo.every(1): ciclo.noop})
+            >>> ckpt(elapsed, {"w": 1.0}, consumed=True)  # a loop's elapsed: 2 steps
+            >>> ckpt.latest_step()
+            2
+        """
+        if not isinstance(consumed, bool):
+            raise TypeError(
+                f"checkpoint: `consumed` must be True or False, got {consumed!r}."
+            )
+        if not consumed and self._returned is not None and elapsed is self._returned:
+            consumed = True
+            warn(
+                f"ciclo.checkpoint: ckpt(elapsed, state) was given the `elapsed` "
+                f"the loop returned (this checkpoint ran in that loop), which "
+                f"already counts the loop's last batch: recorded as step "
+                f"{elapsed.steps}, not {elapsed.steps + 1}. Say so with "
+                f"ckpt(elapsed, state, consumed=True); without it a checkpoint that "
+                f"did not run in the loop records elapsed.steps + 1 (the rule for "
+                f"ciclo.elapse's before-the-batch `elapsed`)."
+            )
+        if consumed and batch is not None:
+            raise ValueError(
+                "checkpoint(..., consumed=True, batch=...): with consumed=True "
+                "`elapsed` already counts the batch's samples; drop `batch=`."
+            )
+        size = 0 if batch is None else batch_size(batch)
+        value = None
+        if self.monitor is not None:
+            if not logs:
+                raise ValueError(
+                    f"checkpoint(monitor={self.monitor.name!r}) needs the step's "
+                    f"logs: call it as ckpt(elapsed, state, logs)."
+                )
+            value = self.monitor.read(logs)
+        rows = None
+        if history is not None:
+            steps = history.collect("elapsed.steps")  # committed already?
+            uncommitted = logs and not (steps and steps[-1] == elapsed.steps)
+            if consumed:  # the step's row is committed before a loop returns
+                uncommitted = False
+            rows = history_json(history, (elapsed, logs) if uncommitted else None)
+        self._save(elapsed if consumed else elapsed.update(size), state, value, rows)
+
+
+def resuming(callbacks: list[Any], directory: str | os.PathLike) -> list[Any]:
+    """`train_loop(resume=directory)`: `callbacks` with a checkpoint of `directory`
+    that resumes: the one already there (one writer per directory), else a new
+    one, saving at each epoch end."""
+    target = _orbax.path(directory)
+    for callback in callbacks:
+        if isinstance(callback, checkpoint) and callback.directory == target:
+            callback.resume = callback._resume_pending = True
+            return callbacks
+    return [*callbacks, checkpoint(directory, resume=True)]

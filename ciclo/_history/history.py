@@ -1,0 +1,264 @@
+"""`History`: the committed logs of a run, read back.
+
+What was stored (`HistoryStore`, `ciclo._history.store`: column-wise, fetched
+lagged) read as aligned lists (`collect`), as rows of `Logs` (indexing,
+iteration) or exported whole (`to_dict`, `to_pandas`, `plot`).
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ciclo._history.columns import ElapsedColumn, column_values
+from ciclo._history.store import HistoryStore
+from ciclo._locate import locate
+from ciclo._logs import Logs
+
+__all__ = ["History", "history"]
+
+
+class History(HistoryStore):
+    """The committed logs of a run: one row per step that logged.
+
+    Values are kept on device when committed and brought to the host in batches
+    (or all at once when read): every `lag` commits, a transfer of the rows
+    committed since is started (device scalars stacked on the device, not waited
+    for), and the transfers started before whose values are computed are read,
+    so a commit never waits for the device. Only when `4 * lag` rows are still
+    not on the host (the device is far behind) does a commit wait for the oldest
+    `lag` of them, which bounds the device memory held by pending values; the
+    device still has about `3 * lag` steps queued then. Storage is column-wise: a
+    logged scalar costs ~16 bytes.
+
+    Args:
+        lag: how often (in commits) ready values are fetched; `4 * lag` bounds the
+            rows pending on device.
+
+    Example:
+        >>> import ciclo
+        >>> history = ciclo.history()
+        >>> elapsed = ciclo.Elapsed.create()
+        >>> for i in range(3):
+        ...     logs = ciclo.logs()
+        ...     _ = logs.add_metric("loss", 1.0 / (i + 1))
+        ...     history.commit(elapsed, logs)
+        ...     elapsed = elapsed.update(batch_size=8)
+        >>> history.collect("steps", "loss")
+        ([0, 1, 2], [1.0, 0.5, 0.3333333333333333])
+    """
+
+    # -- reading ------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._rows
+
+    def keys(self) -> list[str]:
+        """Every key ever logged, as `"collection.name"` (the elapsed ones included)."""
+        self._flush()
+        return [f"{c}.{n}" for c, n in self._columns]
+
+    def _resolve(self, key: str) -> tuple[str, str] | None:
+        return locate(self._columns, key, "history")
+
+    def collect(self, key: str, *keys: str) -> list[Any] | tuple[list[Any], ...]:
+        """Aligned lists of values over the steps where ALL `keys` were logged.
+
+        Keys are bare entry names (`"loss"`, `"steps"`) or `"collection.name"`. A
+        key never logged gives empty lists (see `keys()` for what was logged).
+
+        Returns:
+            A list for one key, a tuple of lists for several.
+
+        Raises:
+            ValueError: if a bare name lives in several collections.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_metric("a", 1))
+            >>> history.collect("a"), history.collect("a", "not_logged")
+            ([1], ([], []))
+        """
+        self._flush()
+        found = [self._resolve(k) for k in (key, *keys)]
+        if any(f is None for f in found):
+            return [] if not keys else tuple([] for _ in found)
+        columns = [self._columns[f] for f in found]
+        if len(columns) == 1:
+            return column_values(columns[0])
+        common = np.asarray(columns[0].rows)
+        for column in columns[1:]:
+            common = np.intersect1d(common, np.asarray(column.rows), assume_unique=True)
+        out = []
+        for column in columns:
+            rows = np.asarray(column.rows)
+            index = np.searchsorted(rows, common)
+            values = column.values
+            out.append([values[i] for i in index.tolist()])
+        return tuple(out)
+
+    def __getitem__(self, index: int | slice) -> Logs | list[Logs]:
+        """The logs of row `index` (negative indices count from the end), or a list
+        of them for a slice."""
+        if isinstance(index, slice):
+            return self._rows_logs(range(*index.indices(self._rows)))
+        if not -self._rows <= index < self._rows:
+            raise IndexError(f"History has {self._rows} rows, got index {index}.")
+        return self._rows_logs([index % self._rows])[0]
+
+    def _rows_logs(self, rows: range | list[int]) -> list[Logs]:
+        """The logs of `rows` (increasing), in one pass over each column."""
+        self._flush()
+        out = [Logs() for _ in rows]
+        if not out:
+            return out
+        first, last = rows[0], rows[-1]
+        for (collection, name), column in self._columns.items():
+            values, column_rows = column.values, column.rows
+            if isinstance(column, ElapsedColumn):
+                pairs = ((row, values[row]) for row in rows)
+            else:
+                lo = bisect.bisect_left(column_rows, first)
+                hi = bisect.bisect_right(column_rows, last)
+                wanted = set(rows) if len(rows) < last - first + 1 else None
+                pairs = (
+                    (column_rows[i], values[i])
+                    for i in range(lo, hi)
+                    if wanted is None or column_rows[i] in wanted
+                )
+            for row, value in pairs:
+                out[
+                    rows.index(row) if isinstance(rows, list) else row - first
+                ].add_entry(collection, name, value)
+        return out
+
+    def __iter__(self) -> Iterator[Logs]:
+        chunk = 4096
+        for start in range(0, self._rows, chunk):
+            yield from self._rows_logs(range(start, min(start + chunk, self._rows)))
+
+    def __repr__(self) -> str:
+        return f"History(rows={self._rows}, keys={len(self._columns)})"
+
+    # -- export -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, np.ndarray]:
+        """Every column as an array over all rows, keyed `"collection.name"`.
+
+        The `elapsed.*` columns have a value per row; an entry missing from a row
+        is NaN there (float columns), or None (an object array) when its values
+        are not all numbers.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_loss("l", 1.0))
+            >>> history.commit(ciclo.Elapsed.create(steps=1), ciclo.logs())
+            >>> columns = history.to_dict()
+            >>> columns["elapsed.steps"].tolist(), columns["losses.l"].tolist()
+            ([0, 1], [1.0, nan])
+        """
+        self._flush()
+        out: dict[str, np.ndarray] = {}
+        for (collection, name), column in self._columns.items():
+            values = column.values
+            if isinstance(column, ElapsedColumn):
+                out[f"{collection}.{name}"] = np.asarray(values)
+                continue
+            rows = np.asarray(column.rows, dtype=np.int64)
+            numbers = isinstance(values, array.array)
+            full = (
+                np.full(self._rows, np.nan)
+                if numbers
+                else np.full(self._rows, None, dtype=object)
+            )
+            if numbers:
+                full[rows] = np.asarray(values, dtype=np.float64)
+            else:
+                for row, value in zip(rows.tolist(), values):
+                    full[row] = value
+            out[f"{collection}.{name}"] = full
+        return out
+
+    def to_pandas(self) -> Any:
+        """The history as a `pandas.DataFrame`, a row per committed step and a
+        column per `"collection.name"` (see `to_dict`).
+
+        Raises:
+            ImportError: if pandas is not installed.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_loss("l", 1.0))
+            >>> history.to_pandas()["losses.l"].tolist()
+            [1.0]
+        """
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError(
+                "History.to_pandas needs pandas, which is not installed: "
+                "pip install pandas."
+            ) from None
+        return pandas.DataFrame(self.to_dict())
+
+    def plot(self, *keys: str, path: Any = None, x: str = "steps") -> Any:
+        """Plots learning curves with matplotlib; returns the figure.
+
+        One axis per key, steps on x: a key's train series and its `_test` (any
+        `<key>_<suffix>`) series share the axis, so `history.plot("loss",
+        "accuracy")` shows train and test loss together and train and test
+        accuracy together. Without keys: every loss and metric logged (test
+        series join their train one). A key is a bare name or
+        `"collection.name"`.
+
+        Args:
+            *keys: the entries to plot.
+            path: when given, the figure is also written there as a PNG.
+            x: the elapsed field on the x axis (`"steps"`, `"samples"`, `"time"`).
+
+        The figure is made through pyplot: in a script `plt.show()` shows it
+        (close it with `plt.close(figure)` when making many); in a notebook
+        (Jupyter, Colab) it shows inline, once, as the cell's last expression or
+        with `plt.show()`.
+
+        Returns:
+            The `matplotlib.figure.Figure`, held by pyplot.
+
+        Raises:
+            ImportError: if matplotlib is not installed ("install ciclo[plot]").
+            ValueError: if a key was never logged.
+
+        Example:
+            >>> import os, tempfile, ciclo
+            >>> history = ciclo.history()
+            >>> for step in range(3):
+            ...     logs = ciclo.logs().add_loss("loss", 1.0 / (step + 1))
+            ...     if step == 2:
+            ...         _ = logs.add_loss("loss_test", 0.4)
+            ...     history.commit(ciclo.Elapsed.create(steps=step), logs)
+            >>> path = os.path.join(tempfile.mkdtemp(), "curves.png")
+            >>> figure = history.plot("loss", path=path)
+            >>> [line.get_label() for line in figure.axes[0].get_lines()]
+            ['loss', 'loss_test']
+            >>> os.path.getsize(path) > 0
+            True
+        """
+        from ciclo._history.plot import plot  # matplotlib only when a plot is asked for
+
+        return plot(self, keys, path, x)
+
+
+def history(lag: int = 64) -> History:
+    """Creates an empty `History`.
+
+    Example:
+        >>> import ciclo
+        >>> len(ciclo.history())
+        0
+    """
+    return History(lag=lag)

@@ -1,0 +1,304 @@
+"""`HistoryStore`: the write side of `History` (`ciclo._history.history` reads it).
+
+Rows committed column-wise (`ciclo._history.columns`), their values fetched to the host
+lagged (`ciclo._history.transfer`), a write cut short by Ctrl-C healed by the next one,
+and pickling (so checkpoints) as host data.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import collections
+from collections.abc import Mapping
+from typing import Any
+
+from ciclo._history import transfer
+from ciclo._history.columns import Column, ElapsedColumn
+from ciclo._history.transfer import Row
+from ciclo._input.batch import Steps
+from ciclo._logs import Logs
+from ciclo._time import Elapsed, new_elapsed
+
+__all__ = ["ELAPSED", "HistoryStore"]
+
+ELAPSED = "elapsed"
+_ELAPSED_FIELDS = ("steps", "samples", "time", "date")
+
+
+class HistoryStore:
+    """What a `History` stores (see its docstring). Subclasses read it through
+    `_rows` (the committed rows), `_columns` (`(collection, name) -> column`, the
+    `elapsed` ones first) and `_flush()` (brings every committed value to the host).
+    """
+
+    def __init__(self, lag: int = 64):
+        if not isinstance(lag, int) or lag < 1:
+            raise ValueError(f"`lag` must be a positive int, got {lag!r}.")
+        self.lag = lag
+        self._rows = 0
+        self._elapsed = tuple(ElapsedColumn(t) for t in ("q", "q", "d", "d"))
+        self._columns: dict[tuple[str, str], Column | ElapsedColumn] = {
+            (ELAPSED, name): column
+            for name, column in zip(_ELAPSED_FIELDS, self._elapsed)
+        }
+        self._entries: list[Column] = []  # the columns of logged entries
+        # collection -> name -> column: `_columns` without building a key per entry
+        self._by_collection: dict[str, dict[str, Column]] = {}
+        self._fetched = 0  # rows below this one are all on the host
+        self._started = 0  # rows below this one are on the host or in flight
+        # started transfers, oldest first: (rows below `upto`, [(column, n)], transfer)
+        self._in_flight: collections.deque[tuple[int, list, Any]] = collections.deque()
+        # True while a commit or flush is under way: one that is still True when
+        # the next starts was cut short (Ctrl-C), and `_heal` undoes its traces.
+        self._writing = False
+
+    # -- writing ------------------------------------------------------------------
+    def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
+        """Appends one row: the `elapsed` fields plus every entry of `logs`.
+
+        Values are not converted here; they reach the host lagged, several rows
+        per transfer.
+
+        Raises:
+            TypeError: if `logs` is not a dict of collections to entries.
+        """
+        if type(logs) is not Logs and not isinstance(logs, Logs):
+            logs = Logs(logs)
+        if self._writing:
+            self._heal()
+        self._writing = True
+        row, by_collection = self._rows, self._by_collection
+        for collection, entries in logs.items():
+            named = by_collection.get(collection)
+            if named is None:
+                named = by_collection[collection] = {}
+            for name, value in entries.items():
+                column = named.get(name)
+                if column is None:
+                    column = named[name] = self._column(collection, name)
+                column.rows.append(row)
+                column.pending.append(value)
+        steps, samples, time, date = self._elapsed
+        steps.values.append(int(elapsed.steps))
+        samples.values.append(int(elapsed.samples))
+        time.values.append(float(elapsed.time))
+        date.values.append(float(elapsed.date))
+        # Publishing the row is this one store: cut short before it, the entries
+        # appended above are left-overs that `_heal` removes; after it, the row
+        # is complete. So an interrupted commit leaves the row out or in, whole.
+        self._rows = row = row + 1
+        if row - self._started >= self.lag or row - self._fetched >= 4 * self.lag:
+            self._advance()
+        self._writing = False
+
+    def _column(self, collection: str, name: str) -> Column:
+        """The column of an entry, registered (empty) if it is new."""
+        column = self._columns.get((collection, name))
+        if column is None:
+            column = Column()
+            self._entries.append(column)  # flushed before it is readable
+            self._columns[(collection, name)] = column
+        return column
+
+    def _heal(self) -> None:
+        """Undoes what a commit or flush cut short (by Ctrl-C) left behind.
+
+        A commit publishes its row last (`_rows += 1`): entries of an unpublished
+        row are removed. A flush appends converted values before dropping them
+        from `pending`: values converted twice are dropped from `pending`. A
+        column registered without entries is removed.
+        """
+        rows = self._rows
+        self._by_collection.clear()  # columns may be removed below
+        self._in_flight.clear()  # their values are still pending: fetched again
+        self._started = self._fetched
+        for column in self._elapsed:
+            del column.values[rows:]
+        for column in self._entries:
+            stale = 0
+            while column.rows and column.rows[-1] >= rows:
+                column.rows.pop()
+                stale += 1
+            expected = len(column.rows) - len(column.values)
+            pending = column.pending
+            if len(pending) > expected:
+                # an unpublished row's value sits at the end; values a flush
+                # already converted sit at the front
+                keep = (
+                    pending[:expected] if stale else pending[len(pending) - expected :]
+                )
+                column.pending = keep
+        empty = [key for key, c in self._columns.items() if not len(c.rows)]
+        for key in empty:
+            if key[0] != ELAPSED:
+                column = self._columns.pop(key)
+                self._entries = [c for c in self._entries if c is not column]
+        for column in self._entries:  # registered in `_entries` but not by key
+            if all(column is not c for c in self._columns.values()):
+                self._entries = [c for c in self._entries if c is not column]
+        self._writing = False
+
+    def commit_steps(self, elapsed: Elapsed, steps: Steps, logs: Logs) -> None:
+        """Appends the `steps.n` rows of a fused call: row `i` at `elapsed.steps + i`
+        (samples likewise, each step counting `steps.samples // steps.n`) with
+        the per-step values of `steps.rows`; the last row also holds `logs` (the
+        call's other entries; an entry in both is taken from `logs`).
+
+        No value is sliced on the device: each stacked array is fetched once, in
+        the next lagged transfer, and split on the host.
+        """
+        n, rows = steps.n, steps.rows
+        if n < 1:
+            return
+        if not isinstance(logs, Logs):
+            logs = Logs(logs)
+        if self._writing:
+            self._heal()
+        self._writing = True  # rows are published by `_rows`, as in `commit`
+        per_step = steps.samples // n
+        in_last = {(c, name) for c, name, _ in logs.entries()}
+        first = self._rows
+        for collection, name, value in Logs(rows).entries():
+            column = self._column(collection, name)
+            count = n - 1 if (collection, name) in in_last else n
+            column.rows.extend(range(first, first + count))
+            column.pending.extend(Row(value, i) for i in range(count))
+        # rows 0 .. n-2 (the last one is committed below, with `logs`)
+        steps_column, samples, time, date = self._elapsed
+        s0, m0 = int(elapsed.steps), int(elapsed.samples)
+        steps_column.values.extend(range(s0, s0 + n - 1))
+        samples.values.extend([m0 + i * per_step for i in range(n - 1)])
+        time.values.extend([float(elapsed.time)] * (n - 1))
+        date.values.extend([float(elapsed.date)] * (n - 1))
+        self._rows = row = first + n - 1
+        if row - self._started >= self.lag or row - self._fetched >= 4 * self.lag:
+            self._advance()
+        last = new_elapsed(
+            s0 + n - 1, m0 + (n - 1) * per_step, elapsed.date, elapsed.date_start
+        )
+        # rows 0 .. n-2 are published and whole: nothing for `commit` to heal (which
+        # would drop the transfers in flight)
+        self._writing = False
+        self.commit(last, logs)
+
+    def _advance(self) -> None:
+        """The lagged transfer, every `lag` commits: reads the started transfers
+        whose values are computed (oldest first, without waiting), then starts
+        one for the rows committed since. When `4 * lag` rows are not on the host
+        yet (the device is far behind), waits for the oldest `lag` of them."""
+        in_flight = self._in_flight
+        wait = self._rows - self._fetched >= 4 * self.lag
+        goal = self._fetched + self.lag
+        while in_flight and (
+            in_flight[0][2].ready() or (wait and self._fetched < goal)
+        ):
+            self._complete()
+        if wait and self._fetched < goal:  # nothing was in flight for those rows
+            self._flush(goal)
+        if self._rows - self._started >= self.lag:
+            self._start(self._rows)
+
+    def _take(self, upto: int) -> list[tuple[Column, int, int]]:
+        """`(column, skip, n)`: the `n` pending values of each column for rows below
+        `upto`, after the `skip` ones already in flight."""
+        claimed: dict[int, int] = {}
+        for _, taken, _ in self._in_flight:
+            for column, n in taken:
+                claimed[id(column)] = claimed.get(id(column), 0) + n
+        out = []
+        for column in self._entries:
+            pending = column.pending
+            skip = claimed.get(id(column), 0)
+            if len(pending) <= skip:
+                continue
+            first = len(column.rows) - len(pending) + skip
+            n = bisect.bisect_left(column.rows, upto, lo=first) - first
+            if n:
+                out.append((column, skip, n))
+        return out
+
+    def _start(self, upto: int) -> None:
+        """Starts the transfer of the rows in flight-free rows below `upto`."""
+        taken = self._take(upto)
+        if taken:
+            started = transfer.start([c.pending[s : s + n] for c, s, n in taken])
+            self._in_flight.append((upto, [(c, n) for c, _, n in taken], started))
+        elif not self._in_flight:
+            self._fetched = upto
+        self._started = upto
+
+    def _complete(self) -> None:
+        """Reads the oldest transfer in flight (waiting for it if needed) into its
+        columns."""
+        upto, taken, started = self._in_flight[0]
+        fetched = started.result()  # before anything changes: Ctrl-C loses nothing
+        for (column, n), values in zip(taken, fetched):
+            column.extend(values)
+            column.pending = column.pending[n:]
+        self._in_flight.popleft()
+        self._fetched = upto
+
+    def _flush(self, upto: int | None = None) -> None:
+        """Brings the values of rows below `upto` (all by default) to the host."""
+        standalone = upto is None  # a read's flush, not a commit's
+        if standalone:
+            if self._writing:  # after an interrupted write
+                self._heal()
+            upto = self._rows
+        if upto <= self._fetched:
+            return
+        self._writing = True
+        while self._in_flight and self._fetched < upto:
+            self._complete()
+        if self._fetched < upto:
+            taken = self._take(upto)
+            if taken:
+                # fetched before anything changes: Ctrl-C in the transfer loses nothing
+                fetched = transfer.fetch([c.pending[:n] for c, _, n in taken])
+                for (column, _, n), values in zip(taken, fetched):
+                    column.extend(values)
+                    column.pending = column.pending[n:]
+            self._fetched = upto
+            self._started = max(self._started, upto)
+        if standalone:
+            self._writing = False
+
+    # -- pickling (and checkpoints) ---------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The rows as host data (the lagged values fetched first): `lag`, `rows`,
+        the four `elapsed` fields as `array.array`s, and per logged entry
+        `(collection, name, rows, values)`, `rows` an `array.array` of row indices
+        and `values` an `array.array` (scalars) or a list. Copies: the history can
+        go on being written."""
+        self._flush()
+        columns = []
+        for (collection, name), column in self._columns.items():
+            if isinstance(column, ElapsedColumn):
+                continue
+            values = column.values
+            values = (
+                array.array(values.typecode, values)
+                if isinstance(values, array.array)
+                else list(values)
+            )
+            columns.append((collection, name, array.array("q", column.rows), values))
+        return {
+            "lag": self.lag,
+            "rows": self._rows,
+            "elapsed": [
+                array.array(c.values.typecode, c.values) for c in self._elapsed
+            ],
+            "columns": columns,
+        }
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        """The history `__getstate__` described (its arrays are taken, not copied)."""
+        self.__init__(lag=int(state["lag"]))
+        self._rows = self._fetched = self._started = int(state["rows"])
+        for column, values in zip(self._elapsed, state["elapsed"]):
+            column.values = values
+        for collection, name, rows, values in state["columns"]:
+            column = self._columns[(collection, name)] = Column()
+            column.rows, column.values = rows, values
+            self._entries.append(column)

@@ -1,0 +1,127 @@
+"""`Run`: the per-batch timeline of one `loop` call, and what Ctrl-C must undo.
+
+For each batch it computes `elapsed` (before the batch) and `elapsed_after`
+(counting it) once, runs the firing schedules' callbacks, commits the step's logs,
+and decides whether to stop.
+
+Fused execution has one hook here: a batch that is a `ciclo.Steps` (`n` batches
+stacked, built by `ciclo.fuse` when `steps_per_call > 1`) counts as `n` steps and
+its `samples`; when the step that ran it left per-step logs in `Steps.rows`, the
+history gets `n` rows (`History.commit_steps`) instead of one. Everything else —
+schedules, callbacks, stopping — sees the call as one batch, so schedules fire at
+call boundaries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ciclo._input.batch import Placed, Steps, batch_size
+from ciclo._logs import Logs
+from ciclo._loop.state import committed
+
+__all__ = ["Run"]
+
+
+class Run:
+    """The per-batch hot path of one `loop` call, and what Ctrl-C must undo."""
+
+    def __init__(self, ls, plan, start, stop, batch_size_fn):
+        self.ls, self.plan, self.start = ls, plan, start
+        self.stop, self.batch_size_fn = stop, batch_size_fn
+        self.current = ls.elapsed  # counts every batch whose tasks completed
+        self.started = False
+        self.in_batch = False
+        self.done = False  # the batch's tasks all ran
+        self.rows = None  # len(history) just before the batch's commit began
+        self.state = None  # the state when the batch started
+        self.running = None  # the runner running (named in error notes)
+        self.committed = committed(ls)  # `ls.accumulated_logs` reads it
+        # after each step, whether to stop for a preemption (SIGTERM; set by the
+        # loop that owns the interrupt scope, `ciclo._interrupts`)
+        self.watch = None
+        self.preempted = False  # stopped for a preemption
+
+    def _on_start(self) -> None:
+        self.started = True
+        for callback in self.start:
+            callback(self.ls)
+
+    def batches(self, iterator: Any) -> None:
+        ls, plan, stop, history = self.ls, self.plan, self.stop, self.ls.history
+        size_fn = self.batch_size_fn
+        current = self.current
+        new_logs = Logs.__new__  # an empty Logs, without a Python __init__ call
+        watch = self.watch
+        if stop is not None and stop.reached(current):
+            iterator = iter(())
+        elif watch is not None and watch(current.steps):  # SIGTERM while resuming
+            self.preempted, iterator = True, iter(())
+        for batch in iterator:
+            if type(batch) is Placed:  # read ahead: its placed copy rides along
+                ls.placed, batch = batch, batch.batch
+            else:
+                ls.placed = None
+            ls.batch, ls.elapsed, ls.logs = batch, current, new_logs(Logs)
+            if not self.started:  # with the first batch, before its tasks
+                self._on_start()
+                if ls.stop_iteration or ls.stopping:
+                    return
+            if type(batch) is Steps:  # fused: counts as batch.n steps
+                batch.rows = None
+                after = current.update(batch.samples, steps=batch.n)
+            else:
+                after = current.update(batch_size(batch, size_fn))
+            ls.elapsed_after = after
+            self.state, self.rows, self.done = ls.state, None, False
+            self.in_batch = True
+            for schedule, reads_loop_state, runners in plan:
+                if schedule(ls if reads_loop_state else current):
+                    for run in runners:
+                        self.running = run
+                        run(ls)
+                        if ls.stop_iteration:
+                            break
+                    if ls.stop_iteration:
+                        break
+            self.done = True
+            logs = ls.logs
+            if type(batch) is Steps and batch.rows is not None:
+                self.rows = len(history)
+                history.commit_steps(current, batch, logs)
+                self.committed.merge(logs)
+            elif logs:
+                self.rows = len(history)
+                history.commit(current, logs)  # publishes the row in one store
+                self.committed.merge(logs)
+            current = self.current = after
+            self.in_batch = False
+            if watch is not None and watch(after.steps):  # SIGTERM: stop here
+                self.preempted = True
+                break
+            if (
+                ls.stop_iteration
+                or ls.stopping
+                or (stop is not None and stop.reached(after))
+            ):
+                break
+            current = self.current = after.update_time()
+        if not self.started:  # no batch at all: on_start still runs once
+            ls.batch = None
+            self._on_start()
+
+    def interrupted(self) -> None:
+        """After Ctrl-C inside a batch: the batch counts when its tasks all ran or
+        it changed the state (its step reached the state); then its logs are in
+        the history exactly once. A batch that does not count leaves no row (it
+        is redone when the run resumes from the returned `elapsed`)."""
+        if not self.in_batch:
+            return
+        ls = self.ls
+        counted = self.done or ls.state is not self.state
+        published = self.rows is not None and len(ls.history) > self.rows
+        if counted and ls.logs and not published:
+            ls.history.commit(self.current, ls.logs)
+            self.committed.merge(ls.logs)  # `accumulated_logs` in the end hooks
+        if counted:
+            self.current = ls.elapsed_after

@@ -1,0 +1,139 @@
+"""How `loop` calls callbacks: each turned once into a runner, the task dict
+validated into a plan, and the `__loop_end__` hooks collected and run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ciclo._loop.callback import arity, describe, uncalled
+from ciclo._loop.state import Apply, LoopState
+from ciclo._period import Period
+from ciclo._schedules.base import fresh
+from ciclo._short import short
+
+__all__ = ["Runner", "end_hooks_of", "finish", "make_plan", "runner", "runners"]
+
+Runner = Callable[[LoopState], None]
+
+
+def runner(callback: Any, where: str) -> Runner:
+    """Turns a callback into `run(loop_state)`, deciding once how to call it."""
+    name = uncalled(callback)
+    if name is not None:
+        kind = "class" if isinstance(callback, type) else "factory"
+        raise TypeError(
+            f"{where} is the {kind} {name}, not a callback: build one first; did "
+            f"you mean {name}(...)?"
+        )
+    apply = Apply(callback, where)
+    loop_callback = getattr(callback, "__loop_callback__", None)
+    if loop_callback is not None:
+        run = lambda ls: apply(loop_callback(ls), ls)
+        run.where = f"{where} ({describe(callback)})"
+        return run
+    if not callable(callback):
+        raise TypeError(
+            f"{where} is {short(callback)} ({type(callback).__name__}), which is not "
+            f"callable; expected a function f(state, batch, elapsed, loop_state) -> "
+            f"(logs, state) or an object with __loop_callback__."
+            + (
+                f" Did you mean {where}() (call it to build the callback)?"
+                if isinstance(callback, property | type)
+                else ""
+            )
+        )
+    n = arity(callback, where)
+    if n == 0:
+        run = lambda ls: apply(callback(), ls)
+    elif n == 1:
+        run = lambda ls: apply(callback(ls.state), ls)
+    elif n == 2:
+        run = lambda ls: apply(callback(ls.state, ls.batch), ls)
+    elif n == 3:
+        run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed), ls)
+    else:
+        run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed, ls), ls)
+    run.where = f"{where} ({describe(callback)})"
+    return run
+
+
+def _as_list(callbacks: Any) -> list[Any]:
+    if callbacks is None:
+        return []
+    return list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+
+
+def runners(callbacks: Any, where: str) -> list[Runner]:
+    return [runner(cb, f"{where}[{i}]") for i, cb in enumerate(_as_list(callbacks))]
+
+
+def end_hooks_of(
+    groups: Iterable[Any], name: str = "__loop_end__"
+) -> list[Callable[[LoopState], Any]]:
+    """The `__loop_end__` hooks (or the hooks `name`, e.g. `__loop_preempt__`) of
+    every callback object (or bound method's owner), once each."""
+    seen, hooks = set(), []
+    for group in groups:
+        for cb in _as_list(group):
+            owner = cb if hasattr(cb, name) else getattr(cb, "__self__", None)
+            hook = getattr(owner, name, None)
+            if hook is not None and id(owner) not in seen:
+                seen.add(id(owner))
+                hooks.append(hook)
+    return hooks
+
+
+def make_plan(tasks: Mapping[Any, Any]) -> list[tuple[Callable[..., bool], bool, list]]:
+    """Validates `tasks`: (loop-private schedule, reads the loop state, runners)."""
+    if not isinstance(tasks, Mapping):
+        raise TypeError(
+            f"`tasks` must be a dict {{schedule: callback_or_list}}, got "
+            f"{type(tasks).__name__}. Example: {{ciclo.every(1): [train_step]}}."
+        )
+    plan = []
+    for key, callbacks in tasks.items():
+        if isinstance(key, str):
+            raise TypeError(
+                f"Task key {key!r} is a string: named schedules such as "
+                f"'on_train_step' only work in ciclo.train_loop/test_loop/"
+                f"predict_loop. In ciclo.loop use a schedule, e.g. ciclo.every(1)."
+            )
+        if not callable(key):
+            hint = (
+                " (wrap it: ciclo.every(...))" if isinstance(key, int | Period) else ""
+            )
+            raise TypeError(
+                f"Task key {short(key)} ({type(key).__name__}) is not a schedule; "
+                f"expected "
+                f"a callable elapsed -> bool such as ciclo.every(10){hint}."
+            )
+        after = bool(getattr(key, "reads_loop_state", False))
+        plan.append((fresh(key), after, runners(callbacks, f"Callback tasks[{key!r}]")))
+    return plan
+
+
+def finish(hooks: list[Callable[[LoopState], Any]], ls: LoopState) -> None:
+    """Runs every end hook, even after one raised (a writer still closes after a
+    guard raised); the first error is raised once all ran."""
+    error = None
+    for hook in hooks:
+        try:
+            hook(ls)
+        except BaseException as e:
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
+
+
+def abandon(groups: Iterable[Any], ls: LoopState, error: BaseException) -> None:
+    """Runs the end hooks of a loop ending before its first batch (an error or an
+    interrupt while resuming, e.g. while the data is read back): checkpoints
+    release their directory's lock, writers close. `error` goes on; a hook's own
+    error does not replace it."""
+    ls.error = error
+    with contextlib.suppress(Exception):  # the loop's own error is the one raised
+        finish(end_hooks_of(groups), ls)

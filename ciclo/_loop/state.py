@@ -1,0 +1,224 @@
+"""`LoopState`, the loop's live record, and how a callback's output updates it.
+
+`Apply` applies what a callback returns (`None`, logs, a state, or `(logs,
+state)`): logs merged into the step's logs, a new state checked once against the
+state the callback got and then taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from ciclo._logs import Logs
+from ciclo._loop.callback import describe, split_output
+from ciclo._warn import warn
+
+__all__ = ["Apply", "LoopState", "committed", "read_from"]
+
+
+class LoopState:
+    """The loop's live record, passed to callbacks as their fourth argument.
+
+    Read it during the call; the loop reuses it from batch to batch.
+
+    Attributes:
+        state: the current state (updated after every callback that returns one).
+        batch: the current batch.
+        elapsed: the `Elapsed` before the current batch.
+        elapsed_after: the `Elapsed` counting the current batch (what the state
+            has consumed once the batch's train step ran).
+        history: the `History` being built.
+        logs: this step's logs so far.
+        accumulated_logs: every entry logged so far in this loop (this step's
+            included), latest value per entry; a new `Logs` at each read.
+        metadata: the `metadata` given to `loop`.
+        stop_iteration: set it to True to end the loop right after the current
+            callback (the batch's remaining callbacks do not run).
+        error: while the end hooks (`__loop_end__`) run, the exception the loop
+            is ending with; None on a normal end or a caught Ctrl-C.
+
+    Example:
+        >>> import ciclo
+        >>> def stop_at_two(state, batch, elapsed, loop_state):
+        ...     if loop_state.elapsed_after.steps == 2:
+        ...         loop_state.stop_after_batch()  # the batch's other callbacks run
+        >>> _, _, elapsed = ciclo.loop(None, range(10), {ciclo.every(1): stop_at_two})
+        >>> elapsed.steps
+        2
+    """
+
+    __slots__ = (
+        "_borrowed",
+        "_committed",
+        "_data",
+        "batch",
+        "elapsed",
+        "elapsed_after",
+        "error",
+        "history",
+        "logs",
+        "metadata",
+        "placed",
+        "state",
+        "stop_iteration",
+        "stopping",
+    )
+
+    def __init__(self, state, batch, elapsed, elapsed_after, history, logs, metadata):
+        self.state, self.batch = state, batch
+        self.elapsed, self.elapsed_after = elapsed, elapsed_after
+        self.history, self.logs, self.metadata = history, logs, metadata
+        self._committed = Logs()
+        self._borrowed = None  # a callback's Logs taken as the batch's logs
+        self._data = None  # the iterator the batches come from
+        self.stop_iteration = False
+        self.stopping = False  # stop_after_batch() was called
+        self.error: BaseException | None = None  # what the loop is ending with
+        # the batch's copy placed ahead by the input stage (a `ciclo._input.batch.Placed`)
+        # or None; a managed step uses it instead of placing the batch again
+        self.placed = None
+
+    @property
+    def accumulated_logs(self) -> Logs:
+        return Logs(self._committed).merge(self.logs)
+
+    def data_state(self) -> Any:
+        """The position of the data after the current batch, when the batches come
+        from a checkpointable iterator (`get_state()`/`set_state()`, as Grain's):
+        its `get_state()`; else None. `ciclo.checkpoint` saves it, and a resumed
+        run hands it to the new iterator's `set_state` instead of skipping."""
+        get_state = getattr(self._data, "get_state", None)
+        return None if get_state is None else get_state()
+
+    def stop_after_batch(self) -> None:
+        """Ends the loop at the end of the current batch: the batch's remaining
+        callbacks still run and its logs are committed. Called from `on_start`, it
+        ends the loop before the first batch."""
+        self.stopping = True
+
+    def __repr__(self) -> str:
+        return (
+            f"LoopState(elapsed.steps={self.elapsed.steps}, "
+            f"stop_iteration={self.stop_iteration}, stopping={self.stopping})"
+        )
+
+
+def read_from(ls: LoopState, data: Any) -> None:
+    """Makes `ls.data_state()` read the position of `data`, the iterator the
+    loop's batches come from."""
+    ls._data = data
+
+
+def committed(ls: LoopState) -> Logs:
+    """The logs `ls`'s loop committed so far (latest value per entry), which
+    `accumulated_logs` reads: the loop merges each committed step's logs in."""
+    return ls._committed
+
+
+_NUMERIC = (int, float, complex, np.generic, np.ndarray, jax.Array)
+
+
+def _check_state(new: Any, old: Any, callback: Any) -> None:
+    """The first state a callback returns must be a state: a callback that returns
+    a bare number or array for a structured state (e.g. an `eval_step` returning
+    its accuracy) would silently replace the state with it."""
+    if old is None or type(new) is type(old):
+        return
+    if isinstance(old, _NUMERIC) and not isinstance(new, str | bytes):
+        return  # a number state may become an array (or anything but text)
+    if isinstance(new, type(old)) or isinstance(old, type(new)):
+        return
+    if isinstance(new, Mapping) and isinstance(old, Mapping):
+        return
+    what = (
+        f"an array of shape {tuple(new.shape)}"
+        if hasattr(new, "shape") and hasattr(new, "dtype")
+        else f"a {type(new).__name__}"
+    )
+    if isinstance(new, (*_NUMERIC, str)):
+        raise TypeError(
+            f"Callback {describe(callback)} returned {what} where the state (a "
+            f"{type(old).__name__}) was expected, so it would replace the state. "
+            f"To log a value return logs, e.g. ciclo.logs().add_metric('accuracy', "
+            f"value), or (logs, state); return None or (logs, None) to keep the "
+            f"state."
+        )
+    warn(
+        f"Callback {describe(callback)} returned {what} as the new state, which "
+        f"was a {type(old).__name__}; the loop continues with it. If it is not a "
+        f"state, return logs or (logs, None) instead."
+    )
+
+
+def _check_pair(output: tuple, old: Any, callback: Any) -> None:
+    """A 2-tuple `(dict, other)` is read as `(logs, state)`. When the state is
+    itself a pair that `output` matches (e.g. `(params_dict, opt_state)`) and
+    `other` does not, the callback most likely returned its new tuple state bare:
+    reading it as logs would log the params and make `opt_state` the state."""
+    if type(old) is not tuple or len(old) != 2:
+        return
+    structure = jax.tree.structure
+    if structure(output) == structure(old) and structure(output[1]) != structure(old):
+        raise TypeError(
+            f"Callback {describe(callback)} returned ({type(output[0]).__name__}, "
+            f"{type(output[1]).__name__}), which has the structure of the state (a "
+            f"pair). Read as (logs, state) it would log the first element and make "
+            f"the second the state; read as the new state it would be a tuple "
+            f"state. Return (None, state) for a tuple state, or (logs, state) with "
+            f"logs from ciclo.logs()."
+        )
+
+
+class Apply:
+    """Applies a callback's output to the loop state; checks the first state it
+    returns against the state it got, and a first `(dict, other)` pair against a
+    pair state (once per callback, never per step)."""
+
+    __slots__ = ("callback", "checked", "paired", "where")
+
+    def __init__(self, callback: Any, where: str):
+        self.callback, self.where, self.checked = callback, where, False
+        self.paired = False
+
+    def __call__(self, output: Any, ls: LoopState) -> None:
+        if output is None:
+            return
+        callback = self.callback
+        if not self.paired and type(output) is tuple:
+            self.paired = True
+            first = output[0] if len(output) == 2 else None
+            if isinstance(first, Mapping) and not isinstance(first, Logs):
+                _check_pair(output, ls.state, callback)
+        if type(output) is Logs:  # the common outputs first, as split_output reads
+            logs, state = output, None
+        else:
+            logs, state = split_output(output, callback)
+        if logs:
+            target = ls.logs
+            if not target and type(logs) is Logs:
+                # the batch's first logs are taken as they are, copied only if
+                # another callback's logs are merged in (the callback's object
+                # is never changed)
+                ls.logs = ls._borrowed = logs
+                logs = None
+            elif target is ls._borrowed:
+                target = ls.logs = Logs(target)
+        if logs:
+            try:
+                target.merge(logs)
+            except TypeError as error:
+                raise TypeError(
+                    f"Callback {describe(callback)} returned logs that are not a "
+                    f"dict of collections to entries ({error}). Build them with "
+                    f"ciclo.logs().add_loss/add_metric(...), or return (None, "
+                    f"state) when the first element is a state."
+                ) from None
+        if state is not None:
+            if not self.checked:
+                self.checked = True
+                _check_state(state, ls.state, callback)
+            ls.state = state
