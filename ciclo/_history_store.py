@@ -52,6 +52,9 @@ class HistoryStore:
         # True while a commit or flush is under way: one that is still True when
         # the next starts was cut short (Ctrl-C), and `_heal` undoes its traces.
         self._writing = False
+        # the `LoopState` of the loop writing this history, while it runs: its
+        # step's logs are logged but not committed yet (`History.collect`)
+        self._live: Any = None
 
     # -- writing ------------------------------------------------------------------
     def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:

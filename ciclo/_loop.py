@@ -173,6 +173,9 @@ def loop(
             0, lambda ls: reader.close(int(ls.elapsed.steps - initial.steps))
         )
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
+    # while it runs, the history knows the step's uncommitted logs (`collect`)
+    outer, history._live = history._live, ls
+    end_hooks.append(lambda ls: setattr(history, "_live", outer))
     read_from(ls, iterator)
     run = Run(ls, plan, start, stop_period, batch_size_fn)
     interrupted = False
