@@ -55,9 +55,7 @@ def test_collect_errors_name_the_problem():
 
 def test_collect_of_a_name_never_logged_is_a_key_error_with_a_did_you_mean():
     history = ciclo.history()
-    _commit_steps(
-        history, [_logs(losses={"loss": 1.0}, metrics={"accuracy": 0.5})] * 2
-    )
+    _commit_steps(history, [_logs(losses={"loss": 1.0}, metrics={"accuracy": 0.5})] * 2)
     with pytest.raises(KeyError) as info:
         history.collect("los")
     message = str(info.value)
