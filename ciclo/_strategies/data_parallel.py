@@ -62,6 +62,10 @@ def _gather(value: Any, axis: str) -> jax.Array:
     return jax.lax.all_gather(value, axis, tiled=value.ndim > 0)
 
 
+# declared aggregations combined across devices by their own collective
+_ACROSS = {"sum": jax.lax.psum, "min": jax.lax.pmin, "max": jax.lax.pmax}
+
+
 class MappedCollectives(Collectives):
     """Collectives over a named mapped axis (`pmap`'s `axis_name`).
 
@@ -76,6 +80,12 @@ class MappedCollectives(Collectives):
 
     def mean(self, tree: Any) -> Any:
         return jax.tree.map(partial(_average, axis=self.axis_name), tree)
+
+    def reduce(self, tree: Any, mode: str) -> Any:
+        combine = _ACROSS.get(mode)
+        if combine is None:
+            return self.mean(tree)
+        return jax.tree.map(partial(combine, axis_name=self.axis_name), tree)
 
     def merge(self, metric: Any) -> Any:
         return jax.lax.all_gather(metric, self.axis_name).reduce()
