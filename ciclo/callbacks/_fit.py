@@ -2,8 +2,9 @@
 
 Before a restore reads the arrays, the target's host layout is compared with the
 state's metadata saved at that step: the paths of the leaves (dict keys,
-attributes, indices), their shapes and their dtypes (orbax would cast a saved
-float32 into an int32 target silently). A difference becomes one `ValueError`
+attributes, indices), their shapes and their dtypes: a dtype into which the
+saved values would not cast without loss (a saved float32 into an int32 target,
+which orbax would cast silently) is an error too; a widening one is read. A difference becomes one `ValueError`
 naming the differing paths (orbax's own error is many lines). Typed PRNG keys are
 saved as their key data (another shape) and are not compared by shape.
 """
@@ -95,16 +96,26 @@ def _mismatch(folder: epath.Path, target: Any, wrapped: bool) -> str | None:
         if have is not None and tuple(have) != want:
             shapes.append(f"{shown}: saved {tuple(have)}, target {want}")
         had = getattr(saved_paths[name], "dtype", None)
-        if dtype is not None and had is not None and np.dtype(had) != np.dtype(dtype):
+        if dtype is not None and had is not None and _lossy(had, dtype):
             dtypes.append(f"{shown}: saved {np.dtype(had)}, target {np.dtype(dtype)}")
     if shapes:
         return f"the shape differs at {_first(shapes)}"
     if dtypes:  # orbax would cast silently (a float32 1.5 into int32 reads 1)
         return (
             f"the dtype differs at {_first(dtypes)} (restoring would cast the "
-            f"saved values); build those leaves with the saved dtype"
+            f"saved values with loss); build those leaves with the saved dtype"
         )
     return None
+
+
+def _lossy(saved: Any, target: Any) -> bool:
+    """Whether reading `saved` values into `target`'s dtype may change them (a
+    float into an int, float32 into bfloat16, int32 into float32); a widening
+    cast (float32 into float64) is not."""
+    try:
+        return not np.can_cast(np.dtype(saved), np.dtype(target), casting="safe")
+    except TypeError:  # a dtype numpy cannot compare: only an equal one is safe
+        return np.dtype(saved) != np.dtype(target)
 
 
 def _first(differences: list[str], limit: int = 3) -> str:
