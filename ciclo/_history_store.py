@@ -55,6 +55,9 @@ class HistoryStore:
         # the `LoopState` of the loop writing this history, while it runs: its
         # step's logs are logged but not committed yet (`History.collect`)
         self._live: Any = None
+        # (collection, name) -> the aggregation mode a committed step declared
+        # for it (`logs.add_metric(..., aggregation=...)`); `inner_loop` reads it
+        self._declared: dict[tuple[str, str], str] = {}
 
     # -- writing ------------------------------------------------------------------
     def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
@@ -71,6 +74,9 @@ class HistoryStore:
         if self._writing:
             self._heal()
         self._writing = True
+        declared = logs._aggregations
+        if declared:
+            self._declared.update(declared)
         row, by_collection = self._rows, self._by_collection
         for collection, entries in logs.items():
             named = by_collection.get(collection)

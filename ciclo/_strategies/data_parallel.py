@@ -87,6 +87,20 @@ class MappedCollectives(Collectives):
             return self.mean(tree)
         return jax.tree.map(partial(combine, axis_name=self.axis_name), tree)
 
+    def weighted_mean(self, tree: Any, weight: Any) -> Any:
+        axis = self.axis_name
+        weight = jnp.asarray(weight, jnp.float32)
+        total = jax.lax.psum(weight, axis)
+        safe = jnp.where(total > 0, total, 1.0)  # no weight anywhere: 0
+
+        def combine(value: Any) -> jax.Array:
+            value = jnp.asarray(value)
+            if not jnp.issubdtype(value.dtype, jnp.inexact):
+                value = value.astype(jnp.float32)
+            return jax.lax.psum(value * weight.astype(value.dtype), axis) / safe
+
+        return jax.tree.map(combine, tree)
+
     def merge(self, metric: Any) -> Any:
         return jax.lax.all_gather(metric, self.axis_name).reduce()
 
