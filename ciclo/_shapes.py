@@ -49,6 +49,8 @@ def _signature(batch: Any) -> tuple[Any, ...]:
     kind = type(batch)
     if kind is tuple or kind is list:  # (x, y): the common case, no flatten
         try:
+            if len(batch) == 2:
+                return (batch[0].shape, batch[1].shape)
             return tuple([leaf.shape for leaf in batch])
         except AttributeError:  # nested, or a leaf without a shape
             pass
@@ -83,16 +85,20 @@ class ShapeWatch:
         0
     """
 
-    __slots__ = ("done", "seen")
+    __slots__ = ("done", "last", "seen")
 
     def __init__(self) -> None:
         self.seen: dict[tuple[Any, ...], None] = {}
+        self.last: tuple[Any, ...] | None = None  # the previous batch's shapes
         self.done = False
 
     def __call__(self, batch: Any, name: str) -> None:
         if self.done or batch is None:
             return
         signature = _signature(batch)
+        if signature == self.last:  # the common case: compared, not hashed
+            return
+        self.last = signature
         if signature not in self.seen:
             self.seen[signature] = None
             if len(self.seen) >= LIMIT:
