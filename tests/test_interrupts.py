@@ -162,10 +162,14 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
         assert rows[:-1] == expected[: max(n - 1, 0)], where
         if n:  # the interrupted batch may count without its later callbacks
             assert rows[-1] in (expected[n - 1], (*expected[n - 1][:2], None)), where
-        assert history.collect("steps", "y") == (
-            [s for s in range(n) if s % 3 == 0],
-            [float(-s) for s in range(n) if s % 3 == 0],
-        ), where
+        expected_y = [s for s in range(n) if s % 3 == 0]
+        if not any(k.endswith(".y") for k in history.keys()):  # noqa: SIM118
+            assert expected_y == [], where  # never logged (a KeyError to collect)
+        else:
+            assert history.collect("steps", "y") == (
+                expected_y,
+                [float(-s) for s in expected_y],
+            ), where
         # resuming from what was returned completes the uninterrupted history
         state, history, elapsed, _ = _run(value, None, history, elapsed)
         assert (state, elapsed.steps) == (BATCHES, BATCHES), where
