@@ -22,6 +22,10 @@ LOSSES = "losses"
 METRICS = "metrics"
 STATEFUL_METRICS = "stateful_metrics"
 OUTPUTS = "outputs"
+# A step's total sample weight, when its batch carries `sample_weight`: the
+# weight of that step in a weighted mean (instead of its row count). Flax states'
+# test steps log it; any step may.
+WEIGHTS, SAMPLE_WEIGHT = "weights", "sample_weight"
 
 # The aggregation modes a step can declare for an entry it logs (those of
 # `ciclo.inner_loop` and `train_loop(epoch_logs=...)`).

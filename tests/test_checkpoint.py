@@ -320,6 +320,27 @@ def test_bare_array_state_round_trips(tmp_path):
     assert elapsed.steps == 1
 
 
+def test_a_restore_that_would_change_a_leaf_dtype_is_an_error_naming_it(tmp_path):
+    saved = {"params": {"w": jnp.array([1.5, 2.7], jnp.float32)}, "n": jnp.int32(3)}
+    ciclo.checkpoint(tmp_path)(ciclo.Elapsed.create(), saved)
+    target = {"params": {"w": jnp.zeros(2, jnp.int32)}, "n": jnp.int32(0)}
+    with pytest.raises(ValueError) as error:
+        ciclo.restore(tmp_path, target)
+    message = str(error.value)
+    assert "'params/w'" in message and "'n'" not in message
+    assert "saved float32, target int32" in message
+    assert "target_state=None" in message  # the fix
+    # a widening cast loses nothing: read
+    wide = {"params": {"w": np.zeros(2, np.float64)}, "n": jnp.int32(0)}
+    state, _ = ciclo.restore(tmp_path, wide)
+    assert np.asarray(state["params"]["w"]).tolist() == pytest.approx([1.5, 2.7])
+    # a target of the saved dtypes restores the saved values as they were
+    target = {"params": {"w": jnp.zeros(2, jnp.float32)}, "n": jnp.int32(0)}
+    state, _ = ciclo.restore(tmp_path, target)
+    assert state["params"]["w"].tolist() == pytest.approx([1.5, 2.7])
+    assert state["params"]["w"].dtype == jnp.float32
+
+
 def test_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match="keep"):
         ciclo.checkpoint(tmp_path, keep=0)
@@ -412,7 +433,7 @@ def test_restore_in_the_same_process_waits_for_pending_saves(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path)
     for step in range(3):  # by hand, no wait()
         ckpt(ciclo.Elapsed.create(steps=step), {"w": jnp.full((256, 256), step)})
-    state, elapsed = ciclo.restore(tmp_path, {"w": jnp.zeros((256, 256))})
+    state, elapsed = ciclo.restore(tmp_path, {"w": jnp.zeros((256, 256), jnp.int32)})
     assert elapsed.steps == 3 and float(state["w"][0, 0]) == 2.0
     ckpt.close()
 

@@ -143,6 +143,50 @@ def test_batch_forms_sample_weight_and_dict_extras():
     np.testing.assert_allclose(logs.metrics.err, err.mean(), rtol=1e-6)
 
 
+def test_test_averages_weight_each_batch_by_its_sample_weight(data):
+    """Issue 31 7c: 11 real test samples, the last batch padded to 8 rows with
+    sample_weight 0: `loss_test` and a per-sample `acc_test` are the means over
+    the 11 real samples (each batch weighted by its total weight, not its rows)."""
+    xt, yt, xe, ye = data
+    x, y, pad = xe[:11], ye[:11], 5
+    xp = np.concatenate([x, np.zeros((pad, x.shape[1]), x.dtype)])
+    yp = np.concatenate([y, np.zeros(pad, y.dtype)])
+    wp = np.concatenate([np.ones(11, np.float32), np.zeros(pad, np.float32)])
+    batches = [(xp[i : i + 8], yp[i : i + 8], wp[i : i + 8]) for i in (0, 8)]
+    model = nn.Sequential([nn.Dense(16), nn.relu, nn.Dense(10)])
+    state = ciclo.create_flax_state(
+        model,
+        xt[:1],
+        optax.sgd(0.0),  # the evaluated params are the initial ones
+        losses={"loss": XENT},
+        metrics={
+            "acc": lambda preds, target: (preds.argmax(-1) == target).astype(
+                jnp.float32
+            ),
+            "accuracy": cm.Accuracy,
+        },
+    )
+    logits = np.asarray(state.model(x))
+    reference_loss = float(np.mean(np.asarray(XENT(logits, y))))
+    reference_acc = float(np.mean(logits.argmax(-1) == y))
+    _, history, _ = ciclo.train_loop(
+        state, [(xt[:8], yt[:8])], test_dataset=lambda: batches,
+        epoch_duration=1, stop=1,
+    )  # fmt: skip
+    assert history.collect("loss_test") == [pytest.approx(reference_loss, rel=1e-5)]
+    assert history.collect("acc_test") == [pytest.approx(reference_acc, rel=1e-6)]
+    assert history.collect("accuracy_test") == [pytest.approx(reference_acc)]
+    # a standalone test loop aggregated as train_loop's evaluation: the same
+    inner = ciclo.inner_loop(
+        "test",
+        lambda s: ciclo.test_loop(s, batches),
+        aggregation=ciclo.callbacks.TEST_AGGREGATION,
+    )
+    logs, _ = inner(state)
+    assert float(logs.losses.loss_test) == pytest.approx(reference_loss, rel=1e-5)
+    assert float(logs.metrics.acc_test) == pytest.approx(reference_acc, rel=1e-6)
+
+
 def test_missing_keyword_is_an_error_naming_loss_and_argument():
     x = np.ones((2, 3), np.float32)
     state = ciclo.create_flax_state(
@@ -222,7 +266,9 @@ def test_loss_sown_only_in_training_gets_a_running_mean(steps_per_call):
     steps, mse, avg_mse = history.collect("steps", "mse", "avg_mse")
     np.testing.assert_allclose(avg_mse, running_means(mse, steps, 3), rtol=1e-5)
     # the module sows nothing in evaluation: no reg / avg_reg in the test rows
-    assert history.collect("mse_test") and not history.collect("avg_reg_test")
+    assert history.collect("mse_test")
+    with pytest.raises(KeyError, match="'avg_reg_test' was never logged"):
+        history.collect("avg_reg_test")
 
 
 class BNDropout(nn.Module):
@@ -298,6 +344,12 @@ def test_data_parallel_equals_jit_on_4_devices():
         out["dropout_train_accuracy_data_parallel"],
     )
     assert min(jit, dp) >= 0.85 and abs(jit - dp) <= 0.05, out
+    # test averages over a padded last batch: the real samples' means everywhere
+    for strategy in ("jit", "data_parallel", "sharded"):
+        np.testing.assert_allclose(
+            out[f"padded_{strategy}"], out["padded_reference"], rtol=1e-5,
+            err_msg=strategy,
+        )  # fmt: skip
 
 
 def make_bn_dropout(key, strategy="jit"):

@@ -46,9 +46,56 @@ def test_collect_errors_name_the_problem():
     _commit_steps(history, [_logs(losses={"loss": 1.0}, metrics={"loss": 1.0})])
     with pytest.raises(ValueError, match="'losses.loss'.*'metrics.loss'"):
         history.collect("loss")
-    assert history.collect("accuracy") == []  # never logged
-    assert history.collect("losses.loss", "accuracy") == ([], [])
+    with pytest.raises(KeyError, match="'accuracy' was never logged"):
+        history.collect("accuracy")
+    with pytest.raises(KeyError, match="'accuracy' was never logged"):
+        history.collect("losses.loss", "accuracy")
     assert history.collect("losses.loss") == [1.0]
+
+
+def test_collect_of_a_name_never_logged_is_a_key_error_with_a_did_you_mean():
+    history = ciclo.history()
+    _commit_steps(history, [_logs(losses={"loss": 1.0}, metrics={"accuracy": 0.5})] * 2)
+    with pytest.raises(KeyError) as info:
+        history.collect("los")
+    message = str(info.value)
+    assert "'los' was never logged" in message
+    assert "Did you mean 'loss'?" in message
+    assert "history.keys()" in message  # where to see what was logged
+    with pytest.raises(KeyError, match="Did you mean 'accuracy'"):
+        history.collect("steps", "acuracy")
+    with pytest.raises(KeyError, match="Did you mean 'losses.loss'"):
+        history.collect("losses.los")
+    with pytest.raises(KeyError, match="'zzz' was never logged") as info:
+        history.collect("zzz")
+    assert "Did you mean" not in str(info.value)  # nothing close: no guess
+    # the elapsed keys always exist, also in an empty history
+    assert history.collect("steps", "samples") == ([0, 1], [0, 2])
+    assert ciclo.history().collect("steps", "time") == ([], [])
+
+
+def test_collect_of_an_entry_logged_in_the_step_in_progress_is_empty():
+    """An entry logged in the current step is not committed yet: a later callback
+    of that step reading it gets an empty result, not an error."""
+    seen = []
+
+    def step(state, batch):
+        logs = ciclo.logs().add_loss("loss", float(batch))
+        if batch == 1:
+            logs.add_metric("first_at_one", 1.0)
+        return logs, state
+
+    def reader(state, batch, elapsed, loop_state):
+        seen.append(loop_state.history.collect("loss"))
+        if batch >= 1:
+            seen.append(loop_state.history.collect("steps", "first_at_one"))
+
+    _, history, _ = ciclo.loop(None, range(3), {ciclo.every(1): [step, reader]})
+    assert seen == [[], [0.0], ([], []), [0.0, 1.0], ([1], [1.0])]
+    # without the step, the name is never logged: a typo, not "not yet"
+    with pytest.raises(KeyError, match="'loss' was never logged"):
+        ciclo.loop(None, range(3), {ciclo.every(1): [reader]})
+    assert history.collect("first_at_one") == [1.0]
 
 
 def test_values_come_back_as_host_numbers_and_arrays():

@@ -119,3 +119,56 @@ def test_errors():
         ciclo.inner_loop("", _inner_run)
     with pytest.raises(TypeError, match=r"must return \(state, history"):
         ciclo.inner_loop("t", lambda state: state)(0)
+
+
+def test_a_test_loop_in_a_standalone_inner_loop_honours_declared_modes():
+    """Issue 31 7b: `aggregation="sum"` declared by the step wins over the inner
+    loop's default ("last"), as in train_loop's own evaluation."""
+
+    def test_step(state, batch):
+        logs = ciclo.logs().add_metric("count", float(batch), aggregation="sum")
+        return logs.add_metric("plain", float(batch)), state
+
+    inner = ciclo.inner_loop(
+        "test",
+        lambda s: ciclo.test_loop(s, [1, 2, 3], {ciclo.on_test_step: test_step}),
+    )
+    logs, _ = inner(None)
+    assert logs.metrics.count_test == 6.0  # declared "sum"
+    assert logs.metrics.plain_test == 3.0  # the default, "last"
+    # and the same step under train_loop's evaluation
+    _, history, _ = ciclo.train_loop(
+        None, [0, 0], {ciclo.on_test_step: test_step, ciclo.on_train_step: ciclo.noop},
+        test_dataset=lambda: [1, 2, 3], epoch_duration=2,
+    )  # fmt: skip
+    assert history.collect("count_test") == [6.0]
+
+
+def test_the_test_aggregation_is_exported_and_is_train_loops_default():
+    spec = ciclo.callbacks.TEST_AGGREGATION
+    assert dict(spec) == {
+        "stateful_metrics": "last",
+        "losses": "weighted_mean",
+        "metrics": "weighted_mean",
+    }
+    with pytest.raises(TypeError):
+        spec["losses"] = "last"  # read-only: train_loop's default cannot drift
+
+    def test_step(state, batch):  # batches of 2, 2 and 1 samples
+        logs = ciclo.logs().add_loss("loss", float(batch.mean()))
+        return logs.add_metric("acc", float(batch.mean())), state
+
+    data = [np.array([1.0, 1.0]), np.array([1.0, 1.0]), np.array([4.0])]
+    inner = ciclo.inner_loop(
+        "test",
+        lambda s: ciclo.test_loop(s, data, {ciclo.on_test_step: test_step}),
+        aggregation=spec,
+    )
+    logs, _ = inner(None)
+    assert logs.losses.loss_test == pytest.approx(1.6)  # (1+1+1+1+4) / 5
+    _, history, _ = ciclo.train_loop(
+        None, [0, 0], {ciclo.on_test_step: test_step, ciclo.on_train_step: ciclo.noop},
+        test_dataset=lambda: data, epoch_duration=2,
+    )  # fmt: skip
+    assert history.collect("loss_test") == [pytest.approx(1.6)]
+    assert history.collect("acc_test") == [pytest.approx(1.6)]

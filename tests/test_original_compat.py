@@ -359,14 +359,17 @@ def test_logs_calls_chain():
     assert logs.entry_value("z") == 4 and logs.stateful_metrics.s == 2
 
 
-def test_history_collect_aligns_keys_and_a_never_logged_key_is_empty():
+def test_history_collect_aligns_keys_and_a_never_logged_key_is_an_error():
     _, history, _ = ciclo.loop(
         create_state(), train_dataset[:4], {ciclo.every(1): train_step}
     )
     steps, loss, accuracy = history.collect("steps", "loss", "accuracy")
     assert steps == [0, 1, 2, 3] and len(loss) == len(accuracy) == 4
-    assert history.collect("never_logged") == []
-    assert history.collect("steps", "never_logged") == ([], [])
+    # a deliberate difference (docs/differences.md): Ciclo 0.1 gave empty lists
+    with pytest.raises(KeyError, match="never_logged"):
+        history.collect("never_logged")
+    with pytest.raises(KeyError, match="Did you mean 'accuracy'"):
+        history.collect("steps", "acuracy")
 
 
 def test_time_comparisons_and_period_create():

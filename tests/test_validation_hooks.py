@@ -123,10 +123,12 @@ def test_validation_step_replaces_test_step_in_validation_only():
         State(0), range(2), test_dataset=lambda: [0], epoch_duration=2
     )
     assert history.collect("from_validation_step_test") == [2.0]
-    assert history.collect("from_test_step_test") == []
+    with pytest.raises(KeyError, match="never logged"):
+        history.collect("from_test_step_test")
     _, history, _ = ciclo.test_loop(State(0), [0])
     assert history.collect("from_test_step") == [1.0]
-    assert history.collect("from_validation_step") == []
+    with pytest.raises(KeyError, match="never logged"):
+        history.collect("from_validation_step")
 
 
 def test_validation_hooks_run_per_test_set_and_behind_test_every():

@@ -177,6 +177,18 @@ def test_csv_append_and_nonfinite_values(tmp_path):
     assert [r["new"] for r in rows] == ["", "3"]
 
 
+def test_csv_logger_signature_is_explicit_and_matches_jsonl_logger():
+    import inspect
+
+    csv_params = inspect.signature(ciclo.csv_logger).parameters
+    assert list(csv_params) == ["path", "append", "collections", "max_pending"]
+    assert not any(p.kind is p.VAR_KEYWORD for p in csv_params.values())
+    jsonl_params = inspect.signature(ciclo.jsonl_logger).parameters
+    assert [(p.name, p.kind, p.default) for p in csv_params.values()] == [
+        (p.name, p.kind, p.default) for p in jsonl_params.values()
+    ]
+
+
 @pytest.mark.parametrize("name", ["tensorboard", "csv_logger", "jsonl_logger"])
 def test_writer_survives_ctrl_c_with_committed_rows_on_disk(tmp_path, name):
     if name == "tensorboard":

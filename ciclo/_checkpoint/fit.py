@@ -2,7 +2,9 @@
 
 Before a restore reads the arrays, the target's host layout is compared with the
 state's metadata saved at that step: the paths of the leaves (dict keys,
-attributes, indices) and their shapes. A difference becomes one `ValueError`
+attributes, indices), their shapes and their dtypes: a dtype into which the
+saved values would not cast without loss (a saved float32 into an int32 target,
+which orbax would cast silently) is an error too; a widening one is read. A difference becomes one `ValueError`
 naming the differing paths (orbax's own error is many lines). Typed PRNG keys are
 saved as their key data (another shape) and are not compared by shape.
 """
@@ -46,7 +48,7 @@ def check_fits(
     wrapped: bool,
 ) -> None:
     """Raises a one-line ValueError when the state saved at `step` does not have
-    the structure or shapes of `target` (the target's host layout)."""
+    the structure, shapes or dtypes of `target` (the target's host layout)."""
     mismatch = _mismatch(epath.Path(mngr.directory) / str(step), target, wrapped)
     if mismatch is None:
         return
@@ -60,7 +62,7 @@ def check_fits(
 
 def _mismatch(folder: epath.Path, target: Any, wrapped: bool) -> str | None:
     """How the state saved in `folder` differs from `target` (one line), or None
-    when no difference in structure or shape is found."""
+    when no difference in structure, shape or dtype is found."""
     handler = ocp.StandardCheckpointHandler()
     try:
         saved = handler.metadata(folder / "state")
@@ -83,18 +85,39 @@ def _mismatch(folder: epath.Path, target: Any, wrapped: bool) -> str | None:
         if extra:
             parts.append(f"only in the checkpoint: {_names(extra)}")
         return "the structure differs; " + "; ".join(parts)
-    shapes = []
+    shapes, dtypes = [], []
     for name, leaf in target_paths.items():
         dtype = getattr(leaf, "dtype", None)
         if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
             continue  # a typed PRNG key is saved as its key data (another shape)
+        shown = repr(name or "(the root)")
         want = tuple(getattr(leaf, "shape", np.shape(leaf)))
         have = getattr(saved_paths[name], "shape", None)
         if have is not None and tuple(have) != want:
-            shapes.append(
-                f"{name or '(the root)'!r}: saved {tuple(have)}, target {want}"
-            )
+            shapes.append(f"{shown}: saved {tuple(have)}, target {want}")
+        had = getattr(saved_paths[name], "dtype", None)
+        if dtype is not None and had is not None and _lossy(had, dtype):
+            dtypes.append(f"{shown}: saved {np.dtype(had)}, target {np.dtype(dtype)}")
     if shapes:
-        more = f" and {len(shapes) - 3} more" if len(shapes) > 3 else ""
-        return f"the shape differs at {'; '.join(shapes[:3])}{more}"
+        return f"the shape differs at {_first(shapes)}"
+    if dtypes:  # orbax would cast silently (a float32 1.5 into int32 reads 1)
+        return (
+            f"the dtype differs at {_first(dtypes)} (restoring would cast the "
+            f"saved values with loss); build those leaves with the saved dtype"
+        )
     return None
+
+
+def _lossy(saved: Any, target: Any) -> bool:
+    """Whether reading `saved` values into `target`'s dtype may change them (a
+    float into an int, float32 into bfloat16, int32 into float32); a widening
+    cast (float32 into float64) is not."""
+    try:
+        return not np.can_cast(np.dtype(saved), np.dtype(target), casting="safe")
+    except TypeError:  # a dtype numpy cannot compare: only an equal one is safe
+        return np.dtype(saved) != np.dtype(target)
+
+
+def _first(differences: list[str], limit: int = 3) -> str:
+    more = f" and {len(differences) - limit} more" if len(differences) > limit else ""
+    return f"{'; '.join(differences[:limit])}{more}"

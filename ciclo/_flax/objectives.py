@@ -13,7 +13,14 @@ from ciclo._flax.kwargs import KeywordCall
 from ciclo._logs import Logs
 from ciclo._strategies.base import is_stateful_metric
 
-__all__ = ["RESERVED", "Objectives", "RunningMean", "is_metric_class", "reduce_sown"]
+__all__ = [
+    "RESERVED",
+    "Objectives",
+    "RunningMean",
+    "is_metric_class",
+    "reduce_sown",
+    "total_weight",
+]
 
 # Names every loss/metric can ask for; a loss or metric may not take one of them.
 RESERVED = frozenset(
@@ -96,6 +103,17 @@ def _check_names(losses: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
         )
 
 
+def _per_sample(sample_weight: Any, dtype: Any = jnp.float32) -> jax.Array:
+    """One weight per sample (a sample's weights averaged over its other axes)."""
+    weights = jnp.asarray(sample_weight, dtype)
+    return jnp.mean(weights.reshape(weights.shape[0], -1), axis=1)
+
+
+def total_weight(sample_weight: Any) -> jax.Array:
+    """A batch's total sample weight: what its (weighted) averages stand for."""
+    return jnp.sum(_per_sample(sample_weight))
+
+
 def _reduce(value: Any, call: KeywordCall, sample_weight: Any) -> Any:
     """A scalar from a loss/metric value: per-sample values are (weighted) averaged."""
     value = jnp.asarray(value)
@@ -109,8 +127,7 @@ def _reduce(value: Any, call: KeywordCall, sample_weight: Any) -> Any:
     if not weighted:
         return jnp.mean(value)
     per_sample = jnp.mean(value.reshape(value.shape[0], -1), axis=1)
-    weights = jnp.asarray(sample_weight, per_sample.dtype).reshape(value.shape[0], -1)
-    weights = jnp.mean(weights, axis=1)
+    weights = _per_sample(sample_weight, per_sample.dtype)
     total = jnp.sum(weights)
     safe = jnp.where(total > 0, total, 1.0)  # all-zero weights: 0, not a NaN gradient
     return jnp.sum(per_sample * weights) / safe

@@ -20,8 +20,8 @@ from flax import struct
 from ciclo import managed
 from ciclo._flax.adapter import Forward, ModelAdapter
 from ciclo._flax.batch import unpack_batch
-from ciclo._flax.objectives import RESERVED, Objectives
-from ciclo._logs import Logs
+from ciclo._flax.objectives import RESERVED, Objectives, total_weight
+from ciclo._logs import SAMPLE_WEIGHT, WEIGHTS, Logs
 from ciclo._strategies.registry import get_strategy
 from ciclo.managed._step_logs import grad_logs
 
@@ -91,6 +91,10 @@ def _forward(
     logs, metric_states = state.config.objectives.evaluate(
         available, out.sown_losses, out.sown_metrics, state.metric_states
     )
+    if not training and b.sample_weight is not None:  # the batch's weight in
+        logs.add_entry(  # the test averages (padded rows weigh 0), summed
+            WEIGHTS, SAMPLE_WEIGHT, total_weight(b.sample_weight), aggregation="sum"
+        )  # across devices
     return logs, out, metric_states
 
 

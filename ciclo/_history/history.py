@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import difflib
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,25 +68,40 @@ class History(HistoryStore):
     def collect(self, key: str, *keys: str) -> list[Any] | tuple[list[Any], ...]:
         """Aligned lists of values over the steps where ALL `keys` were logged.
 
-        Keys are bare entry names (`"loss"`, `"steps"`) or `"collection.name"`. A
-        key never logged gives empty lists (see `keys()` for what was logged).
+        Keys are bare entry names (`"loss"`, `"steps"`) or `"collection.name"`;
+        the elapsed keys (`"steps"`, `"samples"`, `"time"`, `"date"`) always
+        exist. A key never logged is a `KeyError` suggesting close names (a typo
+        is not mistaken for "not logged yet"; `keys()` lists what was logged). An
+        entry logged in the step in progress of the loop writing this history,
+        not committed yet (an `on_epoch_end` callback reading `"loss_test"` in
+        the step that logs it first), gives empty lists.
 
         Returns:
             A list for one key, a tuple of lists for several.
 
         Raises:
+            KeyError: if a key was never logged.
             ValueError: if a bare name lives in several collections.
 
         Example:
             >>> import ciclo
             >>> history = ciclo.history()
-            >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_metric("a", 1))
-            >>> history.collect("a"), history.collect("a", "not_logged")
-            ([1], ([], []))
+            >>> logs = ciclo.logs().add_loss("loss", 0.5)
+            >>> history.commit(ciclo.Elapsed.create(), logs)
+            >>> history.collect("steps", "loss")
+            ([0], [0.5])
+            >>> history.collect("los")
+            Traceback (most recent call last):
+            KeyError: "History.collect: 'los' was never logged. Did you mean 'loss'? ..."
         """
         self._flush()
         found = [self._resolve(k) for k in (key, *keys)]
         if any(f is None for f in found):
+            live = self._live.logs if self._live is not None else {}
+            in_step = [(c, n) for c, entries in live.items() for n in entries]
+            for k, f in zip((key, *keys), found):
+                if f is None and locate(in_step, k, "the step's logs") is None:
+                    raise KeyError(self._never_logged(k))
             return [] if not keys else tuple([] for _ in found)
         columns = [self._columns[f] for f in found]
         if len(columns) == 1:
@@ -100,6 +116,18 @@ class History(HistoryStore):
             values = column.values
             out.append([values[i] for i in index.tolist()])
         return tuple(out)
+
+    def _never_logged(self, key: str) -> str:
+        """The message for `key`, never logged: close names, where to look."""
+        pairs = list(self._columns)
+        names = [f"{c}.{n}" for c, n in pairs] if "." in key else [n for _, n in pairs]
+        close = difflib.get_close_matches(key, dict.fromkeys(names), n=3)
+        guess = " or ".join(repr(k) for k in close)
+        return (
+            f"History.collect: {key!r} was never logged."
+            + (f" Did you mean {guess}?" if guess else "")
+            + " `history.keys()` lists what was logged."
+        )
 
     def __getitem__(self, index: int | slice) -> Logs | list[Logs]:
         """The logs of row `index` (negative indices count from the end), or a list
@@ -248,7 +276,9 @@ class History(HistoryStore):
             >>> os.path.getsize(path) > 0
             True
         """
-        from ciclo._history.plot import plot  # matplotlib only when a plot is asked for
+        from ciclo._history.plot import (
+            plot,  # matplotlib only when a plot is asked for
+        )
 
         return plot(self, keys, path, x)
 

@@ -52,6 +52,12 @@ class HistoryStore:
         # True while a commit or flush is under way: one that is still True when
         # the next starts was cut short (Ctrl-C), and `_heal` undoes its traces.
         self._writing = False
+        # the `LoopState` of the loop writing this history, while it runs: its
+        # step's logs are logged but not committed yet (`History.collect`)
+        self._live: Any = None
+        # (collection, name) -> the aggregation mode a committed step declared
+        # for it (`logs.add_metric(..., aggregation=...)`); `inner_loop` reads it
+        self._declared: dict[tuple[str, str], str] = {}
 
     # -- writing ------------------------------------------------------------------
     def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
@@ -68,6 +74,9 @@ class HistoryStore:
         if self._writing:
             self._heal()
         self._writing = True
+        declared = logs._aggregations
+        if declared:
+            self._declared.update(declared)
         row, by_collection = self._rows, self._by_collection
         for collection, entries in logs.items():
             named = by_collection.get(collection)

@@ -206,6 +206,9 @@ def _run(
             0, lambda ls: reader.close(int(ls.elapsed.steps - initial.steps))
         )
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
+    # while it runs, the history knows the step's uncommitted logs (`collect`)
+    outer, history._live = history._live, ls
+    end_hooks.append(lambda ls: setattr(history, "_live", outer))
     read_from(ls, iterator)
     run = Run(ls, plan, start, stop_period, batch_size_fn)
     if scope is not None and scope.claim(run):  # stops after a step on SIGTERM

@@ -12,6 +12,7 @@ from ciclo._loop.callback import arity, describe, uncalled
 from ciclo._loop.state import Apply, LoopState
 from ciclo._period import Period
 from ciclo._schedules.base import fresh
+from ciclo._shapes import ShapeWatch, compiles_per_shape
 from ciclo._short import short
 
 __all__ = ["Runner", "end_hooks_of", "finish", "make_plan", "runner", "runners"]
@@ -19,8 +20,23 @@ __all__ = ["Runner", "end_hooks_of", "finish", "make_plan", "runner", "runners"]
 Runner = Callable[[LoopState], None]
 
 
-def runner(callback: Any, where: str) -> Runner:
-    """Turns a callback into `run(loop_state)`, deciding once how to call it."""
+def runner(callback: Any, where: str, watch: ShapeWatch | None = None) -> Runner:
+    """Turns a callback into `run(loop_state)`, deciding once how to call it; a
+    compiled step's batches are shown to `watch` first (`ciclo._shapes`)."""
+    run = _runner(callback, where)
+    if watch is None or not compiles_per_shape(callback):
+        return run
+    name = describe(callback)
+
+    def watched(ls: LoopState) -> None:
+        watch(ls.batch, name)
+        run(ls)
+
+    watched.where = run.where
+    return watched
+
+
+def _runner(callback: Any, where: str) -> Runner:
     name = uncalled(callback)
     if name is not None:
         kind = "class" if isinstance(callback, type) else "factory"
@@ -66,8 +82,12 @@ def _as_list(callbacks: Any) -> list[Any]:
     return list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
 
 
-def runners(callbacks: Any, where: str) -> list[Runner]:
-    return [runner(cb, f"{where}[{i}]") for i, cb in enumerate(_as_list(callbacks))]
+def runners(
+    callbacks: Any, where: str, watch: ShapeWatch | None = None
+) -> list[Runner]:
+    return [
+        runner(cb, f"{where}[{i}]", watch) for i, cb in enumerate(_as_list(callbacks))
+    ]
 
 
 def end_hooks_of(
@@ -94,6 +114,7 @@ def make_plan(tasks: Mapping[Any, Any]) -> list[tuple[Callable[..., bool], bool,
             f"{type(tasks).__name__}. Example: {{ciclo.every(1): [train_step]}}."
         )
     plan = []
+    watch = ShapeWatch()  # one per loop: it warns once
     for key, callbacks in tasks.items():
         if isinstance(key, str):
             raise TypeError(
@@ -111,7 +132,8 @@ def make_plan(tasks: Mapping[Any, Any]) -> list[tuple[Callable[..., bool], bool,
                 f"a callable elapsed -> bool such as ciclo.every(10){hint}."
             )
         after = bool(getattr(key, "reads_loop_state", False))
-        plan.append((fresh(key), after, runners(callbacks, f"Callback tasks[{key!r}]")))
+        where = f"Callback tasks[{key!r}]"
+        plan.append((fresh(key), after, runners(callbacks, where, watch)))
     return plan
 
 

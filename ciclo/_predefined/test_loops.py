@@ -13,7 +13,6 @@ from ciclo._loop.callback import arity
 from ciclo._period import as_period
 from ciclo._predefined.register import Gated
 from ciclo._predefined.tables import NESTED, VALIDATION
-from ciclo._schedules.constant import always
 from ciclo._schedules.named import When, on_test_step, on_validation_step
 from ciclo._short import short
 from ciclo._time import Elapsed
@@ -98,18 +97,11 @@ def _evaluation(run, named, test_dataset, test_duration, loop_kwargs):
         )
     test_named = {name: named[name] for name in VALIDATION.own}
     test_named[on_validation_step] = step
-    declared: dict[tuple[str, str], str] = {}  # the modes the test steps declare
-
-    def collect(state: Any, batch: Any, elapsed: Any, loop_state: Any) -> None:
-        modes = getattr(loop_state.logs, "_aggregations", None)
-        if modes:
-            declared.update(modes)
 
     def run_test(state: Any) -> tuple[Any, History, Elapsed]:
         data = iterate(test_dataset(), "`test_dataset()` returned")
-        declared.clear()
         output = run(
-            VALIDATION, state, data, test_named, [(always(), [collect])],
+            VALIDATION, state, data, test_named, [],
             stop=test_duration, catch_keyboard_interrupt=False, **loop_kwargs,
         )  # fmt: skip
         if output[2].steps == 0:
@@ -122,5 +114,4 @@ def _evaluation(run, named, test_dataset, test_duration, loop_kwargs):
             )
         return output
 
-    run_test.declared = declared  # read by InnerLoop.aggregate
     return run_test

@@ -56,6 +56,18 @@ class Collectives:
         """Averages every leaf of `tree` across devices."""
         return tree
 
+    def reduce(self, tree: Any, mode: str) -> Any:
+        """Combines every leaf of `tree` across devices as an entry's declared
+        aggregation `mode` says: `"sum"`, `"min"` or `"max"` over the devices;
+        any other mode averages (`mean`). Here: as `mean` (one program)."""
+        return self.mean(tree)
+
+    def weighted_mean(self, tree: Any, weight: Any) -> Any:
+        """Averages every leaf of `tree` across devices, each device's value
+        weighted by its `weight` (its slice's total sample weight). Here: as
+        `mean` (one program: the value is the whole batch's already)."""
+        return self.mean(tree)
+
     def merge(self, metric: Any) -> Any:
         """Merges a stateful metric (anything with `merge`/`reduce`) across devices."""
         return metric

@@ -62,6 +62,10 @@ def _gather(value: Any, axis: str) -> jax.Array:
     return jax.lax.all_gather(value, axis, tiled=value.ndim > 0)
 
 
+# declared aggregations combined across devices by their own collective
+_ACROSS = {"sum": jax.lax.psum, "min": jax.lax.pmin, "max": jax.lax.pmax}
+
+
 class MappedCollectives(Collectives):
     """Collectives over a named mapped axis (`pmap`'s `axis_name`).
 
@@ -76,6 +80,26 @@ class MappedCollectives(Collectives):
 
     def mean(self, tree: Any) -> Any:
         return jax.tree.map(partial(_average, axis=self.axis_name), tree)
+
+    def reduce(self, tree: Any, mode: str) -> Any:
+        combine = _ACROSS.get(mode)
+        if combine is None:
+            return self.mean(tree)
+        return jax.tree.map(partial(combine, axis_name=self.axis_name), tree)
+
+    def weighted_mean(self, tree: Any, weight: Any) -> Any:
+        axis = self.axis_name
+        weight = jnp.asarray(weight, jnp.float32)
+        total = jax.lax.psum(weight, axis)
+        safe = jnp.where(total > 0, total, 1.0)  # no weight anywhere: 0
+
+        def combine(value: Any) -> jax.Array:
+            value = jnp.asarray(value)
+            if not jnp.issubdtype(value.dtype, jnp.inexact):
+                value = value.astype(jnp.float32)
+            return jax.lax.psum(value * weight.astype(value.dtype), axis) / safe
+
+        return jax.tree.map(combine, tree)
 
     def merge(self, metric: Any) -> Any:
         return jax.lax.all_gather(metric, self.axis_name).reduce()

@@ -165,8 +165,17 @@ class csv_logger(_FileWriter):
         [('0', '0.0', ''), ('1', '1.0', ''), ('2', '2.0', '0.5')]
     """
 
-    def __init__(self, path: str | os.PathLike, **kwargs: Any):
-        super().__init__(path, **kwargs)
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        append: bool = False,
+        collections: tuple[str, ...] = SHOWN_COLLECTIONS,
+        max_pending: int = 256,
+    ):
+        super().__init__(
+            path, append=append, collections=collections, max_pending=max_pending
+        )
         self._fields: list[str] = []
 
     def _open(self, rows: list[Row]) -> TextIO:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from ciclo._history.history import History
 from ciclo._history.store import ELAPSED
-from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS, Logs
+from ciclo._logs import (
+    LOSSES,
+    METRICS,
+    SAMPLE_WEIGHT,
+    STATEFUL_METRICS,
+    WEIGHTS,
+    Logs,
+)
 from ciclo._short import short
 from ciclo._time import Elapsed
 from ciclo.callbacks._aggregation import (
@@ -21,17 +29,21 @@ from ciclo.callbacks._aggregation import (
     weighted_mean,
 )
 
-__all__ = ["AGGREGATIONS", "InnerLoop", "inner_loop"]
+__all__ = ["AGGREGATIONS", "TEST_AGGREGATION", "InnerLoop", "inner_loop"]
 
 
-# train_loop's test aggregation: stateful metrics accumulate, so their last value is
-# the result; losses and per-batch metrics are averaged weighting each batch by its
-# size. (A plain `inner_loop` defaults to "last", as in Ciclo 0.1.)
-TEST_AGGREGATION = {
-    STATEFUL_METRICS: "last",
-    LOSSES: "weighted_mean",
-    METRICS: "weighted_mean",
-}
+# The test loops' aggregation (`train_loop`'s evaluation; pass it to an
+# `inner_loop` running a test loop): stateful metrics accumulate, so their last
+# value is the result; losses and per-batch metrics are averaged weighting each
+# batch by its size. Read-only. (A plain `inner_loop` defaults to "last", as in
+# Ciclo 0.1.)
+TEST_AGGREGATION: Mapping[str, str] = MappingProxyType(
+    {
+        STATEFUL_METRICS: "last",
+        LOSSES: "weighted_mean",
+        METRICS: "weighted_mean",
+    }
+)
 
 
 class InnerLoop:
@@ -96,7 +108,7 @@ class InnerLoop:
         sizes: dict[int, float] | None = None
         for key in history.keys():  # noqa: SIM118 (iterating a History gives rows)
             collection, _, entry = key.partition(".")
-            if collection == ELAPSED:
+            if collection == ELAPSED or (collection, entry) == (WEIGHTS, SAMPLE_WEIGHT):
                 continue
             aggregate = self._aggregation(
                 collection, entry, declared.get((collection, entry))
@@ -160,8 +172,8 @@ class InnerLoop:
                 f"{{collection: {{name: value}}}}; got {short(output, 200)}."
             )
         inner_state, _, elapsed = output
-        # train_loop's test loops collect the modes their steps declare
-        logs = self.aggregate(history, elapsed, getattr(self.loop_fn, "declared", None))
+        # the modes the inner steps declared, as the history recorded them
+        logs = self.aggregate(history, elapsed, history._declared)
         return logs, inner_state if self.output_state else state
 
     def __loop_callback__(self, loop_state: Any) -> tuple[Logs, Any]:
@@ -211,13 +223,20 @@ def as_history(history: Any) -> History | None:
 
 
 def _batch_sizes(history: History, elapsed: Any) -> dict[int, float]:
-    """Each row's batch size, by step: the difference of consecutive `samples`
-    (over a gap of steps that logged nothing, the average per step of the gap);
-    for the last row, up to `elapsed` (the loop's final one)."""
+    """Each row's weight in a weighted mean, by step: the total sample weight its
+    step logged (`weights.sample_weight`: padded rows weigh 0), else its batch
+    size, the difference of consecutive `samples` (over a gap of steps that
+    logged nothing, the average per step of the gap; for the last row, up to
+    `elapsed`, the loop's final one)."""
     steps, samples = history.collect(f"{ELAPSED}.steps", f"{ELAPSED}.samples")
     sizes: dict[int, float] = {}
     if not steps:
         return sizes
+    if f"{WEIGHTS}.{SAMPLE_WEIGHT}" in history.keys():  # noqa: SIM118 (a list)
+        weighed = history.collect(f"{ELAPSED}.steps", f"{WEIGHTS}.{SAMPLE_WEIGHT}")
+        weights = {s: float(np.sum(w)) for s, w in zip(*weighed)}
+    else:
+        weights = {}
     if elapsed is not None:
         end = (int(elapsed.steps), int(elapsed.samples))
     elif len(steps) > 1:  # unknown: as the row before
@@ -228,6 +247,7 @@ def _batch_sizes(history: History, elapsed: Any) -> dict[int, float]:
     for (step, sample), (next_step, next_sample) in itertools.pairwise(bounds):
         gap = next_step - step
         sizes[step] = (next_sample - sample) / gap if gap > 0 else 0.0
+    sizes.update(weights)
     return sizes
 
 
@@ -256,9 +276,12 @@ def inner_loop(
             axis, scalars as 1-element arrays), a function of the list of values,
             or a dict from a collection (`"metrics"`), an entry (`"loss"`) or a
             `"collection.entry"` to an aggregation (the most specific key wins).
-            Entries a dict does not cover use `"last"`. (`train_loop`'s test
-            loop defaults to `TEST_AGGREGATION`: stateful metrics `"last"`,
-            losses and metrics `"weighted_mean"`.)
+            Entries a dict does not cover use `"last"`. A mode the inner steps
+            declared (`logs.add_metric(..., aggregation="sum")`) wins over a
+            collection's mode and the default. For a test loop, pass
+            `ciclo.callbacks.TEST_AGGREGATION` (stateful metrics `"last"`,
+            losses and metrics `"weighted_mean"`): `train_loop`'s evaluation
+            aggregates with it.
 
     Returns:
         An `InnerLoop`, usable in any task list, or by hand: `logs, state =

@@ -48,6 +48,8 @@ class ManagedStep(LoopElement):
     is cached per strategy.
     """
 
+    compiles_per_shape = True  # the loop warns when its batches take many shapes
+
     def __init__(
         self,
         fn: UserStep,

@@ -16,14 +16,22 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ciclo._logs import LOSSES, METRICS, OUTPUTS, STATEFUL_METRICS, Logs
+from ciclo._logs import (
+    LOSSES,
+    METRICS,
+    OUTPUTS,
+    SAMPLE_WEIGHT,
+    STATEFUL_METRICS,
+    WEIGHTS,
+    Logs,
+)
 from ciclo._loop.callback import describe, inject
 from ciclo._strategies.base import Collectives, is_stateful_metric
 
 __all__ = ["REDUCTIONS", "accumulate", "grad_logs", "reduce_logs", "total_loss"]
 
 # collection -> how its entries are combined across devices; any other collection
-# is averaged. Whatever the collection, a stateful metric (anything with `merge`)
+# is averaged, and an entry declared "sum", "min" or "max" is combined that way. Whatever the collection, a stateful metric (anything with `merge`)
 # is merged across devices and then computed; outputs without a batch axis (0-d)
 # are averaged.
 REDUCTIONS = {
@@ -35,17 +43,30 @@ REDUCTIONS = {
 
 
 def reduce_logs(logs: Logs, collectives: Collectives) -> Logs:
-    """Inside the step: each entry reduced across devices as `REDUCTIONS` says."""
+    """Inside the step: each entry reduced across devices as `REDUCTIONS` says,
+    or as the step declared it (`add_metric(..., aggregation="sum")`: a `"sum"`,
+    `"min"` or `"max"` combines the devices' values that way). When the step
+    logged its batch's total sample weight (`weights.sample_weight`, a Flax
+    state's test step does), losses and metrics are averaged weighted by it."""
     out = Logs()
+    declared = getattr(logs, "_aggregations", None)  # declared modes
+    # a batch with sample weights: each device's losses and metrics stand for its
+    # slice's total weight (padded rows weigh 0), so they are averaged by it
+    weight = logs.get(WEIGHTS, {}).get(SAMPLE_WEIGHT)
     for collection, name, value in logs.entries():
+        mode = declared.get((collection, name)) if declared else None
         if is_stateful_metric(value):
             value = collectives.merge(value).compute()
         elif REDUCTIONS.get(collection, "mean") == "concat" and jnp.ndim(value) > 0:
             value = collectives.concat(value)
+        elif mode is not None:
+            value = collectives.reduce(value, mode)
+        elif weight is not None and collection in (LOSSES, METRICS):
+            value = collectives.weighted_mean(value, weight)
         else:
             value = collectives.mean(value)
         out.add_entry(collection, name, value)
-    out._aggregations = getattr(logs, "_aggregations", None)  # declared modes
+    out._aggregations = declared
     return out
 
 

@@ -182,13 +182,16 @@ def test_history_commit_by_hand_and_collect_aligned():
     assert list(history.collect("loss")) == [3.0, 2.0, 1.0]
 
 
-def test_history_collect_key_never_logged_gives_empty_lists():
+def test_history_collect_key_never_logged_is_a_key_error_with_a_did_you_mean():
+    # issue 28: a typo (`"los"`) must not look like "not logged yet"
     history = ciclo.history()
     for elapsed, _ in ciclo.elapse(range(3)):
         history.commit(elapsed, _row(loss=1.0))
-    steps, nope = history.collect("steps", "never_logged")
-    assert list(steps) == [] and list(nope) == []
-    assert list(history.collect("never_logged")) == []
+    with pytest.raises(KeyError, match="never_logged"):
+        history.collect("steps", "never_logged")
+    with pytest.raises(KeyError, match="Did you mean 'loss'"):
+        history.collect("los")
+    assert list(history.collect("steps")) == [0, 1, 2]
 
 
 def test_history_values_come_back_on_the_host():
