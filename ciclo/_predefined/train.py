@@ -17,7 +17,7 @@ on_validation_batch_end; then on_test_end, on_validation_end.
 
 The parts it assembles live with their kind: the epoch end is a schedule
 (`_schedules.epoch`), the data a `_passes.Passes`, the test loops `inner_loop`
-callbacks (`ciclo._predefined.test_loops`).
+callbacks (`ciclo._predefined.validation`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from ciclo._predefined.assemble import compile_table, run_table
 from ciclo._predefined.epoch_logs import EpochLogs
 from ciclo._predefined.register import as_list, register
 from ciclo._predefined.tables import EPOCH_LOGS, EPOCH_SUM, NESTED, TRAIN
-from ciclo._predefined.test_loops import test_loops
+from ciclo._predefined.validation import test_loops
 from ciclo._schedules.epoch import EpochEnd, epochs_end
 from ciclo._schedules.named import on_train_step
 from ciclo._time import Elapsed
