@@ -18,6 +18,7 @@ from typing import Any
 
 from ciclo._input.batch import Placed, Steps, batch_size
 from ciclo._logs import Logs
+from ciclo._loop.runners import ScheduleBlame, fired
 from ciclo._loop.state import committed
 
 __all__ = ["Run"]
@@ -35,7 +36,7 @@ class Run:
         self.done = False  # the batch's tasks all ran
         self.rows = None  # len(history) just before the batch's commit began
         self.state = None  # the state when the batch started
-        self.running = None  # the runner running (named in error notes)
+        self.running = None  # the runner (or failed schedule) named in error notes
         self.committed = committed(ls)  # `ls.accumulated_logs` reads it
         # after each step, whether to stop for a preemption (SIGTERM; set by the
         # loop that owns the interrupt scope, `ciclo._interrupts`)
@@ -76,7 +77,14 @@ class Run:
             self.state, self.rows, self.done = ls.state, None, False
             self.in_batch = True
             for schedule, reads_loop_state, runners in plan:
-                if schedule(ls if reads_loop_state else current):
+                try:
+                    due = schedule(ls if reads_loop_state else current)
+                    if due is not True and due is not False:
+                        due = fired(due, schedule)
+                except Exception:
+                    self.running = ScheduleBlame(schedule)  # named in the note
+                    raise
+                if due:
                     for run in runners:
                         self.running = run
                         run(ls)
