@@ -90,9 +90,9 @@ def manager(directory: epath.Path, **options: Any) -> ocp.CheckpointManager:
     """A `CheckpointManager` of the `state` + `elapsed` layout.
 
     Orbax's removal of a killed save's temporary folders is left to the holder of
-    the directory's lock (`remove_partial_saves`), so that opening a directory
-    never removes the save in flight of another run; on URLs (no lock) orbax
-    removes them."""
+    the directory's lock (`tidy`), so that opening a directory never removes the
+    save in flight of another run; on URLs (no lock) orbax removes them. Its
+    deletions are kill-safe (`kill_safe`)."""
     url = "://" in str(directory)
     options.setdefault("cleanup_tmp_directories", url and not options.get("read_only"))
     _faults.quiet_orbax_logs()  # a failure is said once, by ciclo
