@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ciclo._input.batch import Placed, Steps, batch_size
+from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
 from ciclo._loop.runners import ScheduleBlame, fired
 from ciclo._loop.state import committed
@@ -125,9 +126,10 @@ class Run:
         """Runs the actions callbacks deferred until the step's row is committed
         (`ciclo._loop_state.after_commit`: a checkpoint's save)."""
         pending = self.ls._after_commit
-        while pending:
-            self.finishing = pending.pop(0)
-            self.finishing()
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the step's saves started
+            while pending:
+                self.finishing = pending.pop(0)
+                self.finishing()
         self.finishing = None
 
     def unfinished(self) -> None:
@@ -138,9 +140,10 @@ class Run:
         if self.finishing is not None or not self.in_batch:
             pending.clear()
             return
-        while pending:
-            self.finishing = pending.pop(0)
-            self.finishing(row=(ls.elapsed, ls.logs))
+        with DEFERRED:
+            while pending:
+                self.finishing = pending.pop(0)
+                self.finishing(row=(ls.elapsed, ls.logs))
         self.finishing = None
 
     def interrupted(self) -> None:
