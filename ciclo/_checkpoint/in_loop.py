@@ -25,7 +25,7 @@ from ciclo._checkpoint.restore import restore_from
 from ciclo._checkpoint.saver import Saver
 from ciclo._history.history import History
 from ciclo._interrupts import DEFERRED
-from ciclo._loop_state import after_commit
+from ciclo._loop.state import after_commit
 from ciclo._time import Elapsed
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import logged

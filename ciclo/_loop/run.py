@@ -124,7 +124,7 @@ class Run:
 
     def after_commit(self) -> None:
         """Runs the actions callbacks deferred until the step's row is committed
-        (`ciclo._loop_state.after_commit`: a checkpoint's save)."""
+        (`ciclo._loop.state.after_commit`: a checkpoint's save)."""
         pending = self.ls._after_commit
         with DEFERRED:  # Ctrl-C meanwhile: raised once the step's saves started
             while pending:
