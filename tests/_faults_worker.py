@@ -8,6 +8,10 @@ The model (`init_state`, `train_step`, `batches`) is shared with the tests. Mode
 - `nospace DIR N`: the same, with a full disk from the checkpoint of step 6 on,
   injected at the file-call level: every write of a file under
   `6.orbax-checkpoint-tmp` (and later steps) fails with `OSError(ENOSPC)`.
+- `killdel DIR K`: the `train` run with a kill (`os._exit`) just before the
+  `K`-th filesystem change (rename, unlink, rmdir) of the first deletion of an
+  older checkpoint; `K = 0`: no kill, but a copy of DIR as it is before each of
+  those changes, `DIR-k` for the k-th (what a kill there would leave).
 - `hold DIR`: saves one checkpoint by hand (the directory's lock is held), prints
   `HOLDING`, waits for stdin to close, then ends normally (the lock is released).
 - `die DIR`: saves one checkpoint by hand and SIGKILLs itself (a stale lock).
@@ -18,6 +22,7 @@ from __future__ import annotations
 import builtins
 import errno
 import os
+import shutil
 import signal
 import sys
 
@@ -69,17 +74,62 @@ def _full_disk_from(step: int) -> None:
     builtins.open = failing
 
 
+def _kill_in_deletion(directory: str, k: int) -> None:
+    """Kills the process before the `k`-th filesystem change of the first deletion
+    of a step folder in `directory` (k = 0: copies `directory` before each)."""
+    root = os.path.abspath(directory)
+    count, done, busy = [0], [False], [False]
+
+    def where(path, dir_fd):
+        path = os.fsdecode(path)
+        if dir_fd is not None:
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+        return os.path.abspath(path)
+
+    def wrap(name):
+        real = getattr(os, name)
+
+        def changed(path, *args, **kwargs):
+            target = where(path, kwargs.get("dir_fd", kwargs.get("src_dir_fd")))
+            counted = (
+                target.startswith(root + os.sep)
+                and target != os.path.join(root, "ciclo.lock")
+                and ".orbax-checkpoint-tmp" not in target  # not a save's
+                and not done[0]
+                and not busy[0]
+            )
+            if counted:
+                count[0] += 1
+                if k == 0:
+                    busy[0] = True
+                    shutil.copytree(root, f"{root}-{count[0]}", symlinks=True)
+                    busy[0] = False
+                elif count[0] == k:
+                    os._exit(137)
+                if name == "rmdir" and os.path.dirname(target) == root:
+                    done[0] = True  # the step folder itself: deleted
+            return real(path, *args, **kwargs)
+
+        setattr(os, name, changed)
+
+    for name in ("rename", "replace", "unlink", "remove", "rmdir"):
+        wrap(name)
+
+
 def main() -> None:
     mode, directory, *rest = sys.argv[1:]
     n = int(rest[0]) if rest else 64
     keep = int(rest[1]) if len(rest) > 1 else 1
-    if mode in ("train", "nospace"):
+    if mode in ("train", "nospace", "killdel"):
         if mode == "nospace":
             _full_disk_from(6)
+        if mode == "killdel":
+            _kill_in_deletion(directory, int(rest[0]))
+            n, keep = 64, 1
         ckpt = ciclo.checkpoint(directory, keep=keep)
         log = ciclo.jsonl_logger(f"{directory}.jsonl")
         _, _, elapsed = train(directory, n, callbacks=[ckpt, log])
-        print("DONE", elapsed.steps)
+        print("DONE", elapsed.steps, flush=True)
         return
     ckpt = ciclo.checkpoint(directory, async_save=False)
     ckpt(ciclo.Elapsed.create(steps=2), init_state())

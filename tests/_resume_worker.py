@@ -2,11 +2,13 @@
 
 Trains a linear model with Adam and a noise RNG carried in the state, with a test
 set and a checkpoint (`train_loop(..., resume=DIR)`) at each epoch end (every 3
-steps, 12 steps). With KILL > 0 the process SIGKILLs itself at the end of the batch
-that makes `elapsed_after.steps == KILL` (after that batch's checkpoint, if any, was
-started). DATA is "factory" (`data(start_step)`) or "list" (a plain list, skipped
-forward on resume). SIG names the signal sent (default KILL; TERM: a
-preemption). Writes the final params and the history (without the wall-clock
+steps, 12 steps). With KILL > 0 the process sends itself signal SIG (default
+KILL) once KILL batches are trained: SIGKILL as the next batch begins (after the
+checkpoint of step KILL, if any, was started: a checkpoint in a loop starts its
+save once its step is committed); another signal (TERM: a preemption) at the end
+of the batch that makes `elapsed_after.steps == KILL`. DATA is "factory"
+(`data(start_step)`) or "list" (a plain list, skipped
+forward on resume). Writes the final params and the history (without the wall-clock
 fields) to OUT as a pickle.
 """
 
@@ -93,7 +95,11 @@ def rows(history):
 
 def main(directory, out, kill, data, sig="KILL"):
     def killer(state, batch, elapsed, loop_state):
-        if loop_state.elapsed_after.steps == kill:
+        if sig == "KILL" and kill and loop_state.elapsed.steps == kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def signaller(state, batch, elapsed, loop_state):
+        if sig != "KILL" and loop_state.elapsed_after.steps == kill:
             os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
 
     dataset = TRAIN if data == "list" else (lambda start_step: TRAIN[start_step:])
@@ -103,7 +109,8 @@ def main(directory, out, kill, data, sig="KILL"):
         {
             ciclo.on_train_step: train_step,
             ciclo.on_test_step: test_step,
-            ciclo.on_train_batch_end: killer,
+            ciclo.on_train_batch_begin: killer,
+            ciclo.on_train_batch_end: signaller,
         },
         test_dataset=lambda: TEST,
         epoch_duration=EPOCH,

@@ -45,8 +45,12 @@ class checkpoint(LoopCheckpoint):
     the `elapsed` that `ciclo.elapse` gave with the batch the state was just
     trained on, and also counts that batch (pass `batch=` so samples count it too).
 
-    Each checkpoint also holds the run's history up to it (this step's logs so far
-    included), so that a resumed run continues it. Saves are asynchronous; the loop
+    Each checkpoint also holds the run's history up to it (this step's row
+    included: in a loop the save is made once the step's row is committed, with
+    the state as it was at the call), so that a resumed run continues it. With a
+    `nan_guard` in the loop, a state whose logs since the previous save are not
+    finite is not saved (the last finite checkpoint stays; said at the loop's
+    end). Saves are asynchronous; the loop
     waits for them when it ends (normally, on Ctrl-C or on an error). By hand,
     pending saves finish when the interpreter exits normally and `ciclo.restore` in
     the same process waits for them; `wait()` / `close()` finish them now.
@@ -174,6 +178,8 @@ class checkpoint(LoopCheckpoint):
         self._pending: int | None = None  # the step of a save not known written yet
         self._skipped: set[int] = set()  # steps the resume skipped as unreadable
         self._resumed_from: int | None = None  # the step its resume restored
+        self._cleared = 0  # rows from this step on not yet checked by a nan_guard
+        self._refused: tuple[int, str, int] | None = None  # a save not made (NaN)
 
     # -- registration -----------------------------------------------------------
     @property

@@ -1,8 +1,13 @@
 """How `ciclo.checkpoint` takes part in a loop: a save per call, resume, the end.
 
-In a loop the checkpoint saves at each call (the state after the current batch,
-its `elapsed_after`, the history so far with this step's logs, and where a
-checkpointable data iterator is); with `resume=True` it restores the latest
+In a loop the checkpoint saves at each call the state after the current batch,
+its `elapsed_after` and where a checkpointable data iterator is, as they are at
+the call; the save itself is made once the loop committed the step's row, so
+that the history saved holds that row whole (entries logged by callbacks after
+the checkpoint, such as `lr_monitor` after an epoch-end save, included). With a
+`nan_guard` in the loop, a save whose rows since the previous save hold a value
+the guard would call bad is not made (that state would replace the last finite
+checkpoint; the guard stops the loop). With `resume=True` it restores the latest
 complete checkpoint before the first loop it is given to; when the loop ends it
 waits for the background saves and, with `monitor`, checks that the monitored
 entry was logged at least once. Monitored checkpoints are ranked only by a value
@@ -11,6 +16,8 @@ logged in the step they are taken at (`_ranking`).
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 from typing import Any
 
 from ciclo._checkpoint.history_item import history_json
@@ -18,6 +25,7 @@ from ciclo._checkpoint.restore import restore_from
 from ciclo._checkpoint.saver import Saver
 from ciclo._history.history import History
 from ciclo._interrupts import DEFERRED
+from ciclo._loop.state import after_commit
 from ciclo._time import Elapsed
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import logged
@@ -32,6 +40,8 @@ class LoopCheckpoint(Saver):
     _fresh: bool  # this loop saved with a fresh monitored value
     _returned: Elapsed | None  # what the last loop it ran in returned
     _resumed_from: int | None  # the step its resume restored
+    _cleared: int  # rows from this step on are not checked finite yet
+    _refused: tuple[int, str, int] | None  # a save not made: step, entry, its row
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
         with DEFERRED:  # Ctrl-C from the call on: raised once the save started
@@ -47,10 +57,41 @@ class LoopCheckpoint(Saver):
                 self._fresh = True
             else:  # saved unranked; checked at the loop's end that it was logged
                 self._unranked = True
-        # the history so far, this step's logs included (committed after the batch)
-        rows = history_json(loop_state.history, (loop_state.elapsed, loop_state.logs))
-        data = loop_state.data_state()  # where a checkpointable iterator is
-        self._save(elapsed, loop_state.state, value, rows, data)
+        state, data = loop_state.state, loop_state.data_state()
+        history = loop_state.history
+
+        def save(row: tuple[Elapsed, Any] | None = None) -> None:
+            # once the step's row is committed (whole); `row`: after an error in
+            # the batch, the step's row as it is
+            guard = getattr(loop_state, "_nan_guard", None)
+            if guard is not None and self._nonfinite(guard, history, elapsed, row):
+                return
+            self._save(elapsed, state, value, history_json(history, row), data)
+
+        save.where = f"ciclo.checkpoint({str(self.directory)!r}) saving"
+        if not after_commit(loop_state, save):  # not a loop's: save now
+            rows = history_json(history, (loop_state.elapsed, loop_state.logs))
+            self._save(elapsed, state, value, rows, data)
+
+    def _nonfinite(
+        self, guard: Any, history: History, elapsed: Elapsed, row: Any = None
+    ) -> bool:
+        """Whether the rows since the previous save (and `row`, not committed)
+        hold a value `guard` calls bad (then the save is not made, and said at
+        the loop's end)."""
+        steps = history.collect("elapsed.steps")
+        since = bisect.bisect_left(steps, self._cleared)
+        rows = [(int(s), logs) for s, logs in zip(steps[since:], history[since:])]
+        if row is not None:
+            rows.append((int(row[0].steps), row[1]))
+        for step, logs in rows:
+            bad = guard.bad_entry(logs)
+            if bad is not None:
+                if self._refused is None:  # the first one is said
+                    self._refused = (int(elapsed.steps), bad, step)
+                return True
+        self._cleared = int(elapsed.steps)
+        return False
 
     def __loop_resume__(
         self, state: Any, history: History | None, elapsed: Elapsed | None
@@ -59,6 +100,7 @@ class LoopCheckpoint(Saver):
         history and elapsed of the latest complete checkpoint (and the saved
         position of a checkpointable data iterator, when there is one), or None
         (start fresh) when the directory holds none."""
+        self._cleared = 0 if elapsed is None else int(elapsed.steps)
         if not self._resume_pending:
             self._lock()  # a loop is about to write here: one run per directory
             return None
@@ -83,6 +125,7 @@ class LoopCheckpoint(Saver):
             raise
         self._skipped = {s for s in steps if s > elapsed.steps}
         self._resumed_from = int(elapsed.steps)
+        self._cleared = int(elapsed.steps)
         if data is None:
             return state, history, elapsed
         return state, history, elapsed, data  # + the data iterator's position
@@ -90,11 +133,15 @@ class LoopCheckpoint(Saver):
     def __loop_preempt__(self, loop_state: Any) -> None:
         """The loop stops early for a preemption (SIGTERM): saves the step it
         reached (its history committed; unranked with `monitor`), unless that step
-        is saved already or is the one this run resumed from. `__loop_end__`
+        is saved already, is the one this run resumed from, or (with a
+        `nan_guard` in the loop) has logs that are not finite. `__loop_end__`
         then waits for the save, before the process ends."""
         elapsed = loop_state.elapsed_after
         step = int(elapsed.steps)
         if step == 0 or step in self._saved or step == self._resumed_from:
+            return
+        guard = getattr(loop_state, "_nan_guard", None)
+        if guard is not None and self._nonfinite(guard, loop_state.history, elapsed):
             return
         rows = history_json(loop_state.history)
         data = loop_state.data_state()
@@ -113,6 +160,8 @@ class LoopCheckpoint(Saver):
         unranked, fresh = self._unranked, self._fresh
         self._unranked = self._fresh = False
         failing = getattr(loop_state, "error", None)  # the loop's own error
+        if self._refused is not None:
+            self._say_refused(failing)
         if failing is None:
             self.close()
             if unranked and not fresh and self.monitor is not None:
@@ -126,3 +175,27 @@ class LoopCheckpoint(Saver):
                 f"the loop was ending with {type(failing).__name__}: "
                 f"{type(error).__name__}: {error}"
             )
+
+    def _say_refused(self, failing: BaseException | None) -> None:
+        """Says that a save was not made for a bad value: a note on the loop's
+        error (the guard's), or a warning when the loop ends normally."""
+        step, entry, row = self._refused  # type: ignore[misc]
+        self._refused = None
+        kept = None
+        if self._manager is not None:
+            with contextlib.suppress(Exception):  # a failed save is said by close()
+                kept = self.latest_step()
+        message = (
+            f"ciclo.checkpoint: the checkpoint of step {step} (and any later) was "
+            f"not saved: "
+            f"{entry} is not finite at step {row} (nan_guard); {self.directory} "
+            + (
+                f"keeps step {kept}, the last finite one."
+                if kept is not None
+                else "holds no checkpoint of this run."
+            )
+        )
+        if failing is not None:
+            failing.add_note(message)
+        else:
+            warn(message, RuntimeWarning)

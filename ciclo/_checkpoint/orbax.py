@@ -5,16 +5,31 @@ batches trained into the state, with three items: `state` (the pytree,
 `StandardSave`; a bare array is wrapped in a one-element list), `elapsed` (JSON)
 and `history` (JSON: `_history_item`). Orbax writes a step into a temporary
 directory and renames it when complete, so a step killed mid-write is never
-listed; its leftovers are removed by the holder of the directory's lock
-(`remove_partial_saves`, on URLs by orbax). A step folder without the `elapsed`
-item was not written by ciclo: a directory holding one is refused
-(`check_layout`) before anything is read from it or deleted in it.
+listed; its leftovers are removed by the holder of the directory's lock (`tidy`,
+on URLs by orbax).
+
+Kills never leave a directory that cannot resume. An older checkpoint is deleted
+by first renaming its step folder out of the step namespace (`.deleting-<step>-…`,
+one atomic rename: the step is whole or gone), then removing it (`kill_safe`);
+what a kill leaves of it is removed by the next holder of the lock. A step folder
+that lost items (a deletion by another tool killed midway, files deleted by hand:
+no `elapsed` item, or empty) beside ciclo's checkpoints is incomplete: it is
+skipped with a warning naming it, and removed by the lock holder when it is older
+than the newest complete checkpoint (`survey`). A step folder holding anything
+else, or only `state`-like items in a directory with no ciclo checkpoint, was not
+written by ciclo: such a directory is refused (`check_layout`) before anything is
+read from it or deleted in it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
+import re
+import shutil
+import uuid
 from typing import Any
 
 import jax
@@ -23,19 +38,26 @@ from etils import epath
 
 from ciclo._checkpoint import faults as _faults
 from ciclo._time import Elapsed
+from ciclo._warn import warn
 
 __all__ = [
     "ITEMS",
+    "Survey",
     "check_layout",
     "elapsed_json",
-    "foreign_steps",
     "is_leaf",
+    "kill_safe",
     "manager",
     "path",
-    "remove_partial_saves",
+    "saved_items",
+    "survey",
+    "tidy",
 ]
 
 ITEMS = ("state", "elapsed", "history")
+_ORBAX_OWN = ("_CHECKPOINT_METADATA", "commit_success.txt", "metrics")  # in a step
+_STEP = re.compile(r"0|[1-9]\d*")  # orbax's step folder names
+DELETING = ".deleting-"  # a step folder being deleted: out of the step namespace
 
 
 def path(directory: Any) -> epath.Path:
@@ -68,30 +90,150 @@ def manager(directory: epath.Path, **options: Any) -> ocp.CheckpointManager:
     """A `CheckpointManager` of the `state` + `elapsed` layout.
 
     Orbax's removal of a killed save's temporary folders is left to the holder of
-    the directory's lock (`remove_partial_saves`), so that opening a directory
-    never removes the save in flight of another run; on URLs (no lock) orbax
-    removes them."""
+    the directory's lock (`tidy`), so that opening a directory never removes the
+    save in flight of another run; on URLs (no lock) orbax removes them. Its
+    deletions are kill-safe (`kill_safe`)."""
     url = "://" in str(directory)
     options.setdefault("cleanup_tmp_directories", url and not options.get("read_only"))
     _faults.quiet_orbax_logs()  # a failure is said once, by ciclo
-    return ocp.CheckpointManager(
+    for step in survey(directory).incomplete:  # said by ciclo, not by orbax's logs
+        _faults.reported(f"{directory}/{step}/")
+    mngr = ocp.CheckpointManager(
         directory,
         item_names=ITEMS,
         options=ocp.CheckpointManagerOptions(**options),
     )
+    kill_safe(mngr)
+    return mngr
 
 
-def remove_partial_saves(directory: epath.Path) -> None:
-    """Removes the temporary folders that saves killed mid-write left in
-    `directory` (called by the holder of its lock)."""
+def kill_safe(mngr: ocp.CheckpointManager) -> None:
+    """Makes `mngr` delete a step folder by renaming it out of the step namespace
+    first (`.deleting-<step>-<id>`, one atomic rename), then removing it: a kill at
+    any moment of a deletion leaves the step whole or not listed. (Local
+    directories; orbax's own deletion elsewhere.)"""
+    deleter = getattr(mngr, "_checkpoint_deleter", None)
+    if "://" in str(mngr.directory) or not hasattr(deleter, "_delete_step_permanently"):
+        return
+    directory = epath.Path(mngr.directory)
+
+    deleter._delete_step_permanently = lambda step, target: _remove(
+        directory, step, target
+    )
+
+
+def _remove(directory: epath.Path, step: int, folder: epath.Path) -> None:
+    """Renames `folder` (step `step`'s) out of the step namespace, then removes it
+    (what a kill leaves of it: `tidy`)."""
+    aside = directory / f"{DELETING}{step}-{uuid.uuid4().hex[:8]}"
+    os.rename(str(folder), str(aside))
+    shutil.rmtree(str(aside), ignore_errors=True)
+
+
+def tidy(directory: epath.Path) -> None:
+    """Removes what kills left in `directory`: the temporary folders of saves
+    killed mid-write, step folders killed while being deleted, and incomplete
+    step folders older than the newest complete checkpoint (with a warning naming
+    them). Called by the holder of the directory's lock; removes nothing in a
+    directory holding step folders ciclo did not write."""
     try:
         children = list(directory.iterdir())
     except OSError:
         return
     for child in children:
-        if ".orbax-checkpoint-tmp" in child.name and child.is_dir():
-            with contextlib.suppress(OSError):
-                child.rmtree()
+        name = child.name
+        if (".orbax-checkpoint-tmp" in name or name.startswith(DELETING)) and (
+            child.is_dir()
+        ):
+            shutil.rmtree(str(child), ignore_errors=True)
+    found = survey(directory)
+    if found.foreign or not found.complete:
+        return
+    old = [s for s in found.incomplete if s < found.complete[-1]]
+    for step in old:
+        with contextlib.suppress(OSError):
+            _remove(directory, step, directory / str(step))
+    if old:
+        warn(
+            f"ciclo.checkpoint: removed incomplete step folder(s) in {directory} "
+            f"(left by a deletion or a save killed midway, or damaged): "
+            f"{found.said(old)}; the complete checkpoints there are kept (steps "
+            f"{found.complete})."
+        )
+
+
+@dataclasses.dataclass
+class Survey:
+    """The step folders of a checkpoint directory, by kind: `complete` (with an
+    `elapsed` item; whether they read back is for `_read`), `incomplete` (ciclo's,
+    lacking items: step -> what the folder holds) and `foreign` (not ciclo's)."""
+
+    complete: list[int]
+    incomplete: dict[int, list[str]]
+    foreign: dict[int, list[str]]
+
+    def said(self, steps: Any) -> str:
+        """`16/ (holds ['state'])`, ... for a message."""
+        return ", ".join(f"step {s} ({_holds(self.incomplete[s])})" for s in steps)
+
+
+def _holds(names: list[str]) -> str:
+    return f"holds {names}" if names else "empty"
+
+
+def saved_items(folder: epath.Path) -> set[str] | None:
+    """The items orbax's metadata of a step folder lists (None when unreadable)."""
+    try:
+        meta = json.loads((folder / "_CHECKPOINT_METADATA").read_text())
+        return set(meta["item_handlers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def survey(directory: epath.Path, steps: Any = None) -> Survey:
+    """Sorts the step folders of `directory` (those among `steps`, when given)
+    into complete ciclo checkpoints, incomplete ones and foreign ones.
+
+    A folder is ciclo's when it holds the `elapsed` item, or when orbax's metadata
+    in it lists ciclo's items (`elapsed` among them); one holding anything else
+    (another item, a file orbax does not write, metadata listing other items) is
+    foreign; one holding nothing or only ciclo-named
+    items without metadata (`state` alone, as a killed deletion leaves it) is an
+    incomplete ciclo checkpoint when the directory holds ciclo checkpoints, and
+    foreign otherwise."""
+    try:
+        names = [p.name for p in directory.iterdir()]
+    except OSError:
+        names = []
+    every = sorted(int(n) for n in names if _STEP.fullmatch(n))
+    complete, incomplete, foreign, unsure = [], {}, {}, {}
+    for step in every:
+        folder = directory / str(step)
+        try:
+            held = sorted(p.name for p in folder.iterdir())
+        except OSError:
+            held = []
+        items = saved_items(folder)
+        strange = [n for n in held if n not in ITEMS and n not in _ORBAX_OWN]
+        ours = items is None or (items <= {*ITEMS, *_ORBAX_OWN} and "elapsed" in items)
+        if strange or not ours:
+            foreign[step] = held
+        elif "elapsed" in held:
+            complete.append(step)
+        elif items is not None:  # its metadata lists ciclo's items
+            incomplete[step] = held
+        else:
+            unsure[step] = held
+    if complete or incomplete:
+        incomplete.update(unsure)
+    else:
+        foreign.update(unsure)
+    wanted = set(every if steps is None else steps)
+    return Survey(
+        [s for s in complete if s in wanted],
+        {s: incomplete[s] for s in sorted(incomplete) if s in wanted},
+        {s: foreign[s] for s in sorted(foreign) if s in wanted},
+    )
 
 
 def _listing(folder: epath.Path, limit: int = 5) -> str:
@@ -104,29 +246,27 @@ def _listing(folder: epath.Path, limit: int = 5) -> str:
     return f"{names[:limit]}{more}"
 
 
-def foreign_steps(directory: epath.Path, steps: Any) -> list[int]:
-    """The step folders among `steps` that ciclo did not write (no `elapsed` item)."""
-    return [s for s in steps if not (directory / str(s) / "elapsed").exists()]
-
-
-def check_layout(mngr: ocp.CheckpointManager, steps: Any = None) -> None:
-    """Refuses a directory whose step folders are not ciclo checkpoints.
+def check_layout(mngr: ocp.CheckpointManager, steps: Any = None) -> Survey:
+    """Refuses a directory whose step folders are not ciclo checkpoints; else its
+    `Survey` (of `steps`, or of every step there).
 
     Raises:
         ValueError: naming the directory, the foreign step folders and what the
             first one holds.
     """
     directory = epath.Path(mngr.directory)
-    foreign = foreign_steps(directory, mngr.all_steps() if steps is None else steps)
+    found = survey(directory, mngr.all_steps() if steps is None else steps)
+    foreign = list(found.foreign)
     if not foreign:
-        return
+        return found
     shown = ", ".join(f"{s}/" for s in foreign[:3]) + (
         f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
     )
     raise ValueError(
         f"{directory} holds step folders that are not ciclo checkpoints: {shown} "
         f"({foreign[0]}/ holds {_listing(directory / str(foreign[0]))}; a ciclo "
-        f"checkpoint holds the items 'state' and 'elapsed'). ciclo neither reads "
+        f"checkpoint holds the items 'state' and 'elapsed', and a damaged one "
+        f"beside ciclo checkpoints is skipped). ciclo neither reads "
         f"nor deletes them: give ciclo.checkpoint / ciclo.restore / resume= a "
         f"directory of its own (a new or empty one), or move those folders out."
     )

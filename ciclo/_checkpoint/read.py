@@ -4,8 +4,8 @@
 target, its saved fields only with `items`, then placed with the target's
 strategy: `_state_layout`) and the `history` item. A checkpoint that does not read
 back whole, a damaged or missing file or array bytes that differ from the
-checksums saved beside them (`_integrity`), raises `Unreadable` and nothing of it
-is returned; a target that does not fit raises its own `ValueError` (`_fit`).
+checksums saved beside them (`_integrity`), or one saved with a history whose
+`history` item is gone, raises `Unreadable` and nothing of it is returned; a target that does not fit raises its own `ValueError` (`_fit`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from etils import epath
 
 from ciclo._checkpoint import faults as _faults
 from ciclo._checkpoint import integrity as _integrity
+from ciclo._checkpoint import orbax as _orbax
 from ciclo._checkpoint.agree import Elsewhere, agreed, read_state
 from ciclo._checkpoint.fit import check_fits
 from ciclo._checkpoint.history_item import history_from_json
@@ -85,6 +86,19 @@ def _read(
         )
     except Exception as error:
         raise Unreadable(step, folder, error) from None
+    if (
+        with_history
+        and not (folder / "history").exists()
+        and (e.get("history") or "history" in (_orbax.saved_items(folder) or ()))
+    ):
+        raise Unreadable(
+            step,
+            folder,
+            FileNotFoundError(
+                "its 'history' item is missing (saved with the checkpoint, "
+                "since deleted)"
+            ),
+        )
     strategy = strategy_of(target_state)
     host = None
     if target_state is None:

@@ -4,6 +4,9 @@
 the latest) and reads it (`_read`). A checkpoint that does not read back whole is
 never loaded: `restore` names it and the fix; resuming (`fallback`) goes back past
 the newer unreadable ones to the newest that reads, with a warning naming them.
+Incomplete step folders (`_orbax.survey`: a kill or damage left them without
+their `elapsed` item) are never candidates: newer than the step restored, they
+are named in a warning.
 """
 
 from __future__ import annotations
@@ -102,16 +105,33 @@ def restore_from(
             checkpoint that does not read back (with `fallback`: none does), or a
             target that does not fit.
     """
-    steps = mngr.all_steps()
+    listed = mngr.all_steps()
     where = mngr.directory
-    if not steps:
+    if not listed:
         raise ValueError(f"No checkpoint to restore in {where}.")
-    _orbax.check_layout(mngr, steps)
+    found = _orbax.check_layout(mngr, listed)
+    steps = found.complete
     if step is not None:
-        if step not in steps:
+        if step not in listed:
             raise ValueError(
                 f"No checkpoint for step {step} in {where}; steps there: {steps}."
             )
+        if step in found.incomplete:
+            raise ValueError(
+                f"ciclo.restore: the step folder {step}/ in {where} is incomplete "
+                f"({found.said([step])}: a save or deletion killed midway, or "
+                f"damage); nothing was loaded from it. Restore a complete one "
+                f"(steps there: {steps})."
+            )
+    elif not steps:
+        what = "resume from" if fallback else "restore from"
+        raise ValueError(
+            f"ciclo.checkpoint: cannot {what} {where}: it holds no complete "
+            f"checkpoint, only incomplete step folders: "
+            f"{found.said(found.incomplete)}. Nothing was loaded, and a run does "
+            f"not start fresh on its own: delete them (or use another directory) "
+            f"to start fresh."
+        )
     elif best:
         scored = [s for s in steps if score(mngr.metrics(s)) > -math.inf]
         if not scored:
@@ -123,7 +143,14 @@ def restore_from(
         step = max(scored, key=lambda s: best_key(s, mngr.metrics(s)))
     else:
         step = steps[-1]
+    newer = [s for s in found.incomplete if s > step]
     if not fallback:
+        if newer:
+            warn(
+                f"ciclo.restore: restoring step {step} of {where}: skipped the "
+                f"newer incomplete step folder(s) {found.said(newer)} (a save or "
+                f"deletion killed midway, or damage)."
+            )
         try:
             return read(mngr, step, target_state, with_history)
         except Unreadable as error:
@@ -147,18 +174,25 @@ def restore_from(
         except Unreadable as error:
             skipped.append(error)
             continue
-        if skipped:
+        if skipped or newer:
+            said = [_listed(skipped)] if skipped else []
+            if newer:
+                said.append(f"incomplete step folder(s) {found.said(newer)}")
             warn(
                 f"ciclo.checkpoint: resuming from step {candidate} in {where}: "
                 f"skipped the newer checkpoint(s) that do not read back whole "
-                f"(damaged or incomplete): {_listed(skipped)}. Nothing was loaded "
+                f"(damaged or incomplete): {'; '.join(said)}. Nothing was loaded "
                 f"from them; they stay on disk until this run's saves replace "
                 f"them."
             )
         return restored
+    if newer:
+        skipped_text = f"{_listed(skipped)}; incomplete: {found.said(newer)}"
+    else:
+        skipped_text = _listed(skipped)
     raise ValueError(
         f"ciclo.checkpoint: cannot resume from {where}: no checkpoint there reads "
-        f"back whole: {_listed(skipped)}. Nothing was loaded, and the run does not "
+        f"back whole: {skipped_text}. Nothing was loaded, and the run does not "
         f"start fresh on its own: if the target state is right, these checkpoints "
         f"are damaged; delete them (or resume from another directory) to start "
         f"fresh."

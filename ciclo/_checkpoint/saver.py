@@ -14,8 +14,9 @@ before anything in it is read or deleted (`_orbax.check_layout`).
 Faults: a save that finds the disk full ends in one clear `OSError` (`_faults`; the
 partial step removed, the manager dropped); a directory is written by one run at a
 time (`_lock`: taken when a loop with the checkpoint starts or at a save by hand,
-then what saves killed mid-write left there is removed; released when the loop
-ends or at `close()`).
+then what kills left there is removed: `_orbax.tidy`; released when the loop
+ends or at `close()`). Older checkpoints are deleted kill-safely (renamed out of
+the step namespace, then removed: `_orbax.kill_safe`).
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ class Saver:
             saved["checksums"] = sums
         if data is not None:
             saved["data"] = data_state_to_json(data)
+        if history is not None:
+            saved["history"] = True  # its absence when read back is damage
         items = {
             "state": ocp.args.StandardSave([state] if wrapped else state),
             "elapsed": ocp.args.JsonSave(saved),
@@ -193,8 +196,10 @@ class Saver:
         saves killed mid-write left there."""
         if self._locked or "://" in str(self.directory):  # URLs: orbax cleans up
             return
-        _lock.acquire(self.directory, then=_orbax.remove_partial_saves)
+        _lock.acquire(self.directory, then=_orbax.tidy)
         self._locked = True
+        if self._manager is not None:  # opened before: `tidy` may have removed steps
+            self._manager.reload()
 
     def _unlock(self) -> None:
         if self._locked:
@@ -253,12 +258,13 @@ class Saver:
             self._unlock()
 
     def steps(self) -> list[int]:
-        """The steps of the checkpoints in the directory (after pending saves)."""
+        """The steps of the checkpoints in the directory (after pending saves);
+        incomplete step folders (a kill or damage left them) are not listed."""
         self.wait()
         manager = self._open()
         if not self._locked:  # not writing it: another run may have since
             manager.reload()
-        return list(manager.all_steps())
+        return _orbax.survey(self.directory, manager.all_steps()).complete
 
     def latest_step(self) -> int | None:
         """The step of the latest checkpoint, or None."""

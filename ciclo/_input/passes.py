@@ -30,6 +30,7 @@ class Passes:
         self._ahead: list[Any] = []
         self._started = self._read = self.completed = 0
         self._before_ahead = None
+        self._failed: Exception | None = None  # the look-ahead's, raised at its batch
         self.empty = True
 
     @classmethod
@@ -66,6 +67,9 @@ class Passes:
 
     def __next__(self) -> Any:
         while not self._ahead:
+            if self._failed is not None:  # the dataset raised reading this batch
+                failed, self._failed = self._failed, None
+                raise failed
             if self._current() is None:
                 raise StopIteration
             self._ahead = self._read_one()
@@ -73,13 +77,19 @@ class Passes:
         return self._ahead.pop()
 
     def exhausted(self) -> bool:
-        """Whether the current pass has no batch left (reads one ahead)."""
+        """Whether the current pass has no batch left (reads one ahead). When the
+        dataset raises reading ahead, the pass is not exhausted and the error is
+        raised when that batch is fetched (the dataset's error, at its batch)."""
         if not self._ahead:
             if self._current() is None:
                 return True
             if checkpointable(self._iterator):  # its position before the look-ahead
                 self._before_ahead = self._iterator.get_state()
-            self._ahead = self._read_one()
+            try:
+                self._ahead = self._read_one()
+            except Exception as error:  # raised when that batch is fetched, as
+                self._failed = error  # the dataset's: the current batch completes
+                return False
         return not self._ahead
 
     def get_state(self) -> Any:

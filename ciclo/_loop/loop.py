@@ -219,13 +219,17 @@ def _run(
     except KeyboardInterrupt as error:
         if not catch_keyboard_interrupt:
             ls.error = error
+            _unfinished(run, error)
             finish(end_hooks, ls)
             raise
         interrupted = True
         run.interrupted()
     except Exception as error:
         where = getattr(run.running, "where", None)
-        if run.in_batch:
+        if run.finishing is not None:  # a deferred action, after the step's commit
+            where = getattr(run.finishing, "where", None)
+            at = f"after step {ls.elapsed.steps}" + (f" by {where}" if where else "")
+        elif run.in_batch:
             at = f"at step {ls.elapsed.steps}" + (f" by {where}" if where else "")
         else:  # the dataset (or read-ahead) raised fetching the next batch
             at = f"by the dataset, fetching the batch of step {run.current.steps}"
@@ -234,6 +238,7 @@ def _run(
             kept += " (that step's logs are not committed)"
         error.add_note(f"ciclo.loop: raised {at}; {kept}.")
         ls.error = error
+        _unfinished(run, error)
         finish(end_hooks, ls)
         raise
     except BaseException as error:
@@ -247,6 +252,7 @@ def _run(
             callback(ls)
         if ls.logs:
             history.commit(run.current, ls.logs)
+        run.after_commit()  # e.g. a checkpoint in `on_end`
         if run.preempted:  # the checkpoints save the step reached (SIGTERM)
             finish(end_hooks_of(groups, "__loop_preempt__"), ls)
     except BaseException as error:
@@ -278,3 +284,15 @@ def _run(
             )
         )
     return ls.state, history, run.current
+
+
+def _unfinished(run: Run, error: BaseException) -> None:
+    """The actions deferred to the failed batch's commit, run as at their call
+    (a checkpoint's save of that step); their own failure is a note on `error`."""
+    try:
+        run.unfinished()
+    except Exception as failed:
+        where = getattr(run.finishing, "where", "a deferred action")
+        error.add_note(
+            f"ciclo.loop: then {where} failed: {type(failed).__name__}: {failed}"
+        )

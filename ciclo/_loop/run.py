@@ -17,7 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from ciclo._input.batch import Placed, Steps, batch_size
+from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
+from ciclo._loop.runners import ScheduleBlame, fired
 from ciclo._loop.state import committed
 
 __all__ = ["Run"]
@@ -35,7 +37,8 @@ class Run:
         self.done = False  # the batch's tasks all ran
         self.rows = None  # len(history) just before the batch's commit began
         self.state = None  # the state when the batch started
-        self.running = None  # the runner running (named in error notes)
+        self.running = None  # the runner (or failed schedule) named in error notes
+        self.finishing = None  # the after-commit action running (named likewise)
         self.committed = committed(ls)  # `ls.accumulated_logs` reads it
         # after each step, whether to stop for a preemption (SIGTERM; set by the
         # loop that owns the interrupt scope, `ciclo._interrupts`)
@@ -76,7 +79,14 @@ class Run:
             self.state, self.rows, self.done = ls.state, None, False
             self.in_batch = True
             for schedule, reads_loop_state, runners in plan:
-                if schedule(ls if reads_loop_state else current):
+                try:
+                    due = schedule(ls if reads_loop_state else current)
+                    if due is not True and due is not False:
+                        due = fired(due, schedule)
+                except Exception:
+                    self.running = ScheduleBlame(schedule)  # named in the note
+                    raise
+                if due:
                     for run in runners:
                         self.running = run
                         run(ls)
@@ -96,6 +106,8 @@ class Run:
                 self.committed.merge(logs)
             current = self.current = after
             self.in_batch = False
+            if ls._after_commit:
+                self.after_commit()
             if watch is not None and watch(after.steps):  # SIGTERM: stop here
                 self.preempted = True
                 break
@@ -110,12 +122,39 @@ class Run:
             ls.batch = None
             self._on_start()
 
+    def after_commit(self) -> None:
+        """Runs the actions callbacks deferred until the step's row is committed
+        (`ciclo._loop.state.after_commit`: a checkpoint's save)."""
+        pending = self.ls._after_commit
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the step's saves started
+            while pending:
+                self.finishing = pending.pop(0)
+                self.finishing()
+        self.finishing = None
+
+    def unfinished(self) -> None:
+        """After an error in a batch: the actions deferred to its commit run as
+        they would have at their call (a checkpoint saves the step's row as it
+        is); after an error in one of them, the others are dropped."""
+        pending, ls = self.ls._after_commit, self.ls
+        if self.finishing is not None or not self.in_batch:
+            pending.clear()
+            return
+        with DEFERRED:
+            while pending:
+                self.finishing = pending.pop(0)
+                self.finishing(row=(ls.elapsed, ls.logs))
+        self.finishing = None
+
     def interrupted(self) -> None:
         """After Ctrl-C inside a batch: the batch counts when its tasks all ran or
         it changed the state (its step reached the state); then its logs are in
         the history exactly once. A batch that does not count leaves no row (it
-        is redone when the run resumes from the returned `elapsed`)."""
+        is redone when the run resumes from the returned `elapsed`). The actions
+        deferred to the commit of a batch that counts run then (its
+        checkpoint); those of one that does not are dropped."""
         if not self.in_batch:
+            self.ls._after_commit.clear()
             return
         ls = self.ls
         counted = self.done or ls.state is not self.state
@@ -125,3 +164,6 @@ class Run:
             self.committed.merge(ls.logs)  # `accumulated_logs` in the end hooks
         if counted:
             self.current = ls.elapsed_after
+            self.in_batch = False
+            self.after_commit()  # e.g. the step's checkpoint, its row complete
+        ls._after_commit.clear()

@@ -8,14 +8,25 @@ import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from ciclo._loop.callback import arity, describe, uncalled
 from ciclo._loop.state import Apply, LoopState
 from ciclo._period import Period
-from ciclo._schedules.base import fresh
+from ciclo._schedules.base import Schedule, fresh
 from ciclo._shapes import ShapeWatch, compiles_per_shape
 from ciclo._short import short
 
-__all__ = ["Runner", "end_hooks_of", "finish", "make_plan", "runner", "runners"]
+__all__ = [
+    "Runner",
+    "ScheduleBlame",
+    "end_hooks_of",
+    "finish",
+    "fired",
+    "make_plan",
+    "runner",
+    "runners",
+]
 
 Runner = Callable[[LoopState], None]
 
@@ -135,6 +146,35 @@ def make_plan(tasks: Mapping[Any, Any]) -> list[tuple[Callable[..., bool], bool,
         where = f"Callback tasks[{key!r}]"
         plan.append((fresh(key), after, runners(callbacks, where, watch)))
     return plan
+
+
+class ScheduleBlame:
+    """Names a schedule that raised or returned a non-bool (in the loop's note)."""
+
+    def __init__(self, schedule: Any):
+        name = repr(schedule) if isinstance(schedule, Schedule) else describe(schedule)
+        self.where = f"the schedule {name}"
+
+
+def fired(value: Any, schedule: Any) -> bool:
+    """A schedule's result that is not `True`/`False`, as a bool: a numpy bool,
+    an int or a 0-d boolean array; anything else (an array of several values or
+    of numbers, None, ...) is a TypeError naming the schedule."""
+    if isinstance(value, np.bool_ | int) and not isinstance(value, np.ndarray):
+        return bool(value)
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape == () and dtype is not None and np.dtype(dtype) == np.bool_:
+        return bool(value)
+    what = (
+        f"an array of shape {tuple(shape)} and dtype {dtype}"
+        if shape is not None and dtype is not None
+        else f"{short(value)} ({type(value).__name__})"
+    )
+    raise TypeError(
+        f"The{ScheduleBlame(schedule).where[3:]} returned {what}, not a bool: "
+        f"a schedule is a callable elapsed -> bool (e.g. ciclo.every(10)); reduce "
+        f"an array on the host (bool(x.all())) or use a schedule of ciclo's."
+    )
 
 
 def finish(hooks: list[Callable[[LoopState], Any]], ls: LoopState) -> None:

@@ -17,7 +17,7 @@ from ciclo._logs import Logs
 from ciclo._loop.callback import describe, split_output
 from ciclo._warn import warn
 
-__all__ = ["Apply", "LoopState", "committed", "read_from"]
+__all__ = ["Apply", "LoopState", "after_commit", "committed", "read_from"]
 
 
 class LoopState:
@@ -52,9 +52,11 @@ class LoopState:
     """
 
     __slots__ = (
+        "_after_commit",
         "_borrowed",
         "_committed",
         "_data",
+        "_nan_guard",
         "batch",
         "elapsed",
         "elapsed_after",
@@ -75,6 +77,8 @@ class LoopState:
         self._committed = Logs()
         self._borrowed = None  # a callback's Logs taken as the batch's logs
         self._data = None  # the iterator the batches come from
+        self._after_commit: list[Any] = []  # run once the step's row is committed
+        self._nan_guard: Any = None  # a `nan_guard` running in this loop
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
         self.error: BaseException | None = None  # what the loop is ending with
@@ -111,6 +115,19 @@ def read_from(ls: LoopState, data: Any) -> None:
     """Makes `ls.data_state()` read the position of `data`, the iterator the
     loop's batches come from."""
     ls._data = data
+
+
+def after_commit(ls: Any, action: Any) -> bool:
+    """Runs `action()` once the loop committed the current step's row (after the
+    batch's last callback; a step that does not count drops it). When a later
+    callback of the batch raises, `action(row=(elapsed, logs))` runs instead,
+    with the step's row as it is (not committed). `action.where` names it if it
+    raises. False when `ls` is not a loop's (`action` not taken)."""
+    pending = getattr(ls, "_after_commit", None)
+    if pending is None:
+        return False
+    pending.append(action)
+    return True
 
 
 def committed(ls: LoopState) -> Logs:

@@ -37,6 +37,16 @@ def _numeric(value: Any) -> bool:
     return dtype is not None and np.issubdtype(dtype, np.inexact)
 
 
+def _bad(value: Any) -> Any:
+    """The first NaN or infinite element of `value` (fetched), or None."""
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.dtype.kind not in "fc" or np.isfinite(array).all():
+        return None
+    return array.reshape(-1)[~np.isfinite(array.reshape(-1))][0]
+
+
 class nan_guard(LoopElement):
     """Stops the loop when a watched loss or metric is NaN or infinite.
 
@@ -73,6 +83,10 @@ class nan_guard(LoopElement):
     were all finite. Keeping it holds references to the states of the unchecked
     steps (at most `max_lag + 1`): with a donating strategy (`"jit_donate"`) those
     buffers are reused, so keep it only without donation.
+
+    A `ciclo.checkpoint` in the same loop saves no state whose logs the guard
+    would call bad (it checks the rows it saves, which are on the host then), so
+    the last finite checkpoint is kept even though the guard reads lagged.
 
     In `ciclo.train_loop(callbacks=[...])` it runs on `on_train_batch_end`; in
     `ciclo.loop` spread it after the train step (`{**ciclo.nan_guard()}`) or give
@@ -167,15 +181,21 @@ class nan_guard(LoopElement):
             self._inspect(self._queue.pop_ready(), now)
         return self.found is not None
 
+    def bad_entry(self, logs: Mapping[str, Mapping[str, Any]]) -> str | None:
+        """The first watched entry of `logs` (host values) that is bad, or None.
+        A checkpoint in the same loop asks it of the rows it is about to save."""
+        names, values = self._watched(logs)
+        for name, value in zip(names, values):
+            if _bad(value) is not None:
+                return name
+        return None
+
     def _inspect(self, items: list, now: Any) -> None:
         for (step, names, state), values in items:
             for name, value in zip(names, values):
-                if value is None:
+                bad = _bad(value)
+                if bad is None:
                     continue
-                array = np.asarray(value)
-                if array.dtype.kind not in "fc" or np.isfinite(array).all():
-                    continue
-                bad = array.reshape(-1)[~np.isfinite(array.reshape(-1))][0]
                 self.found = (step, name, float(np.real(bad)))
                 late = "" if now is None or now == step else f", seen at step {now}"
                 self._error = NonFiniteError(
@@ -211,6 +231,7 @@ class nan_guard(LoopElement):
         return found
 
     def __loop_callback__(self, loop_state: Any) -> tuple[None, Any]:
+        loop_state._nan_guard = self  # a checkpoint there saves no bad state
         if self.found is None:
             self.check(
                 loop_state.elapsed,

@@ -1,0 +1,107 @@
+"""Errors name the real culprit (API.md §3, §9, §11): a dataset that raises while
+the epoch end reads ahead is reported as the dataset fetching that batch, with
+the rows before it kept; a schedule that raises or returns a non-bool is named,
+not the train step."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+
+
+def train_step(state, batch):
+    return ciclo.logs().add_loss("loss", jnp.float32(batch)), state + batch
+
+
+def failing_at(n, start=0):
+    for i in range(start, 20):
+        if i == n:
+            raise RuntimeError(f"cannot read batch {n}")
+        yield jnp.float32(i)
+
+
+def note(error):
+    return " ".join(getattr(error, "__notes__", []))
+
+
+@pytest.mark.parametrize("epoch_duration", [None, 5])
+@pytest.mark.parametrize("how", ["resume", "checkpoint", "factory"])
+def test_a_dataset_raising_is_named_with_its_batch_and_the_rows_before_are_kept(
+    tmp_path, how, epoch_duration
+):
+    # with a checkpoint in the loop, the epoch end asks whether the pass is over,
+    # reading batch 8 while step 7 runs
+    dataset = failing_at(8)
+    kwargs = {}
+    if how == "resume":
+        kwargs["resume"] = tmp_path
+    elif how == "checkpoint":
+        kwargs["callbacks"] = [ciclo.checkpoint(tmp_path)]
+    else:
+        kwargs["resume"] = tmp_path
+        dataset = lambda start: failing_at(8, start)
+    history = ciclo.history()
+    with pytest.raises(RuntimeError, match="cannot read batch 8") as info:
+        ciclo.train_loop(
+            jnp.float32(0), dataset, {ciclo.on_train_step: train_step},
+            epoch_duration=epoch_duration, history=history, **kwargs,
+        )  # fmt: skip
+    said = note(info.value)
+    assert "raised by the dataset, fetching the batch of step 8" in said, said
+    assert "train_step" not in said
+    assert history.collect("steps") == list(range(8))  # row 7 kept
+
+
+def sched(elapsed):
+    raise ValueError("schedule failed")
+
+
+def test_a_schedule_that_raises_is_named(tmp_path):
+    for run in (
+        lambda: ciclo.train_loop(
+            jnp.float32(0), [jnp.float32(i) for i in range(5)],
+            {ciclo.on_train_step: train_step, sched: ciclo.noop}, resume=tmp_path,
+        ),
+        lambda: ciclo.loop(
+            jnp.float32(0), [jnp.float32(i) for i in range(5)],
+            {ciclo.every(1): train_step, sched: ciclo.noop},
+        ),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match="schedule failed") as info:
+            run()
+        said = note(info.value)
+        assert "raised at step 0 by the schedule sched" in said, said
+        assert "train_step" not in said
+
+
+@pytest.mark.parametrize(
+    "result",
+    [jnp.array([True, False]), np.array([1.0]), jnp.float32(1.0), None],
+    ids=["bool-array", "float-array", "float-scalar", "None"],
+)
+def test_a_schedule_that_returns_a_non_bool_is_named(result):
+    def every_other(elapsed):
+        return result
+
+    with pytest.raises(TypeError, match=r"The schedule .*every_other returned") as info:
+        ciclo.train_loop(
+            jnp.float32(0), [jnp.float32(i) for i in range(5)],
+            {ciclo.on_train_step: train_step, every_other: ciclo.noop},
+        )  # fmt: skip
+    assert "not a bool" in str(info.value)
+    said = note(info.value)
+    assert "by the schedule" in said and "train_step" not in said, said
+
+
+def test_a_schedule_may_return_numpy_and_0d_bools():
+    seen = []
+    schedules = {
+        (lambda e: np.bool_(e.steps % 2 == 0)): lambda: seen.append("np"),
+        (lambda e: jnp.array(e.steps == 1)): lambda: seen.append("0d"),
+        (lambda e: int(e.steps == 2)): lambda: seen.append("int"),
+    }
+    ciclo.loop(0, range(3), schedules)
+    assert seen == ["np", "0d", "np", "int"]
