@@ -41,7 +41,12 @@ class LoopCheckpoint(Saver):
             else:  # saved unranked; checked at the loop's end that it was logged
                 self._unranked = True
         # the history so far, this step's logs included (committed after the batch)
-        rows = history_json(loop_state.history, (loop_state.elapsed, loop_state.logs))
+        # (a fused call's per-step rows too: the loop commits them after the batch)
+        rows = history_json(
+            loop_state.history,
+            (loop_state.elapsed, loop_state.logs),
+            loop_state.batch,
+        )
         data = loop_state.data_state()  # where a checkpointable iterator is
         self._save(elapsed, loop_state.state, value, rows, data)
         return None, None
