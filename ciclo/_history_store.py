@@ -53,6 +53,13 @@ class HistoryStore:
         # the next starts was cut short (Ctrl-C), and `_heal` undoes its traces.
         self._writing = False
 
+    @property
+    def on_host(self) -> int:
+        """How many rows have all their values on the host: it grows by the lagged
+        transfer (every `lag` commits) and by a read's flush (e.g. a checkpoint's
+        save); observers that write rows out write then."""
+        return self._fetched
+
     # -- writing ------------------------------------------------------------------
     def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
         """Appends one row: the `elapsed` fields plus every entry of `logs`.

@@ -18,6 +18,7 @@ from ciclo._fused import check_steps, declared_steps, fuse
 from ciclo._history import History
 from ciclo._logs import Logs
 from ciclo._loop_state import LoopState, read_from
+from ciclo._loop_state import interrupted as set_interrupted
 from ciclo._period import Period, as_period
 from ciclo._prefetch import Prefetch, check_prefetch, placer
 from ciclo._resume import position, prepare
@@ -179,6 +180,7 @@ def loop(
     try:
         run.batches(iterator)
     except KeyboardInterrupt as error:
+        set_interrupted(ls, True)
         if not catch_keyboard_interrupt:
             ls.error = error
             finish(end_hooks, ls)

@@ -17,7 +17,7 @@ import numpy as np
 from ciclo._callback import describe, split_output
 from ciclo._logs import Logs
 
-__all__ = ["Apply", "LoopState", "committed", "read_from"]
+__all__ = ["Apply", "LoopState", "committed", "interrupted", "read_from"]
 
 
 class LoopState:
@@ -55,6 +55,7 @@ class LoopState:
         "_borrowed",
         "_committed",
         "_data",
+        "_interrupted",
         "batch",
         "elapsed",
         "elapsed_after",
@@ -74,6 +75,7 @@ class LoopState:
         self._committed = Logs()
         self._borrowed = None  # a callback's Logs taken as the batch's logs
         self._data = None  # the iterator the batches come from
+        self._interrupted = False  # Ctrl-C ended the loop (set for the end hooks)
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
         self.error: BaseException | None = None  # what the loop is ending with
@@ -107,6 +109,14 @@ def read_from(ls: LoopState, data: Any) -> None:
     """Makes `ls.data_state()` read the position of `data`, the iterator the
     loop's batches come from."""
     ls._data = data
+
+
+def interrupted(ls: LoopState, value: bool | None = None) -> bool:
+    """Whether Ctrl-C (KeyboardInterrupt) ended `ls`'s loop, which the loop sets
+    (`value`) before its end hooks run; they read it."""
+    if value is not None:
+        ls._interrupted = value
+    return ls._interrupted
 
 
 def committed(ls: LoopState) -> Logs:

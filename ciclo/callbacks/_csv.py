@@ -27,8 +27,9 @@ class _FileWriter(Writer):
         append: bool = False,
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
         max_pending: int = 256,
+        every: int = 32,
     ):
-        super().__init__(collections=collections, max_pending=max_pending)
+        super().__init__(collections=collections, max_pending=max_pending, every=every)
         if not isinstance(path, str | os.PathLike):
             raise TypeError(f"`path` must be a file path, got {path!r}.")
         self.path = os.fspath(path)
@@ -69,9 +70,9 @@ class jsonl_logger(_FileWriter):
     metrics by bare name (`{"steps": 3, "samples": 96, "time": 0.41, "loss":
     0.52}`); NaN and infinities are written as `NaN` / `Infinity` (Python's
     `json` reads them back). Rows are written lagged, once the device has computed
-    them, and flushed after each write; at the end of the loop (also on Ctrl-C or
-    an error) the remaining rows are written and the file is closed, so every row
-    committed to the history is in the file when the loop returns.
+    them, in batches (see `every`), each flushed; at the end of the loop (also on
+    Ctrl-C or an error) the remaining rows are written and the file is closed, so
+    every row committed to the history is in the file when the loop returns.
 
     Registration and use as `ciclo.tensorboard`: `on_train_batch_end` in
     `train_loop(callbacks=[...])`, `**` last in a `ciclo.loop` task dict, or by
@@ -83,6 +84,9 @@ class jsonl_logger(_FileWriter):
         append: keep an existing file's lines.
         collections: the collections written.
         max_pending: at most this many rows wait for the device.
+        every: rows waiting that start a write: rows are written and flushed in
+            batches (`every` rows, or when the loop's history brings rows to the
+            host, at its end, Ctrl-C and `close()`), never one per step.
 
     Example:
         >>> import json, os, tempfile, ciclo
@@ -134,10 +138,10 @@ class csv_logger(_FileWriter):
     entry leaves its cell empty. When a new entry appears (`accuracy_test` after
     the first epoch), the file is rewritten with the wider header (to a temporary
     file, then atomically renamed over the old one), so no row is lost. Rows are
-    written lagged, once the device has computed them, and flushed after each
-    write; at the end of the loop (also on Ctrl-C or an error) the remaining rows
-    are written and the file is closed, so every row committed to the history is in
-    the file when the loop returns.
+    written lagged, once the device has computed them, in batches (see `every`),
+    each flushed; at the end of the loop (also on Ctrl-C or an error) the remaining
+    rows are written and the file is closed, so every row committed to the history
+    is in the file when the loop returns.
 
     Registration and use as `ciclo.tensorboard`. Read it back with
     `csv.DictReader` or `pandas.read_csv`.
@@ -149,6 +153,9 @@ class csv_logger(_FileWriter):
         append: keep an existing file's rows.
         collections: the collections written.
         max_pending: at most this many rows wait for the device.
+        every: rows waiting that start a write: rows are written and flushed in
+            batches (`every` rows, or when the loop's history brings rows to the
+            host, at its end, Ctrl-C and `close()`), never one per step.
 
     Example:
         >>> import csv, os, tempfile, ciclo

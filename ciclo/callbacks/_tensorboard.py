@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +17,10 @@ from ciclo.callbacks._writer import Writer, missing
 __all__ = ["tensorboard"]
 
 _FILES = itertools.count()  # event files of this process: distinct names
+# logdir -> the writer writing there now (from its loop's start or first write to
+# its close): a second one would hide the first's points (each file starts with a
+# restart marker)
+_WRITING: weakref.WeakValueDictionary[str, tensorboard] = weakref.WeakValueDictionary()
 
 
 class tensorboard(Writer):
@@ -30,8 +36,20 @@ class tensorboard(Writer):
     of the loop (normally, on Ctrl-C or on an error) every remaining row is written
     and the event file is closed, so what was committed to the history is on disk
     when the loop returns. Events are written in the caller's thread and flushed
-    at each write (not held in tensorboardX's queue for `flush_secs`), so a killed
-    run loses no row it wrote.
+    once per batch of rows (see below), without an fsync (the OS has them: a
+    killed process loses none it wrote; the file is synced when it closes).
+
+    Rows are written in batches, never one per step: when `every` rows wait,
+    when the loop's history has brought rows to the host (every `lag` = 64
+    commits by default, and at each checkpoint save), at the loop's end, at
+    Ctrl-C and at `close()`. A SIGKILL loses at most the rows since the last
+    batch. Each row is one event holding all its scalars.
+
+    One writer per `logdir` at a time: a second `ciclo.tensorboard` on the same
+    `logdir` while the first writes (in a running loop, or by hand from its first
+    call to its `close()`) is an error naming both, since each event file starts with a
+    restart marker and TensorBoard would hide one's points. Give each its own
+    `logdir` (`runs/train`, `runs/eval`), or one writer with `prefix`.
 
     Across interruptions each step is in TensorBoard once: the writer's event file
     starts with a restart marker at the step its loop starts from (what
@@ -58,11 +76,14 @@ class tensorboard(Writer):
             `{"": "train/", "test": "val/"}` writes `loss` as `train/loss` and
             `loss_test` as `val/loss`.
         max_pending: at most this many rows wait for the device.
+        every: rows waiting that start a write (see above).
         **writer_kwargs: `filename_suffix` of the event files; the rest is passed to
             the `tensorboardX.SummaryWriter` that writes `hparams`.
 
     Raises:
         ImportError: if tensorboardX is not installed ("install ciclo[tensorboard]").
+        ValueError: (when its loop starts or it first writes) if another
+            `ciclo.tensorboard` of this process writes to the same `logdir`.
 
     Example:
         >>> import os, tempfile, ciclo
@@ -83,16 +104,16 @@ class tensorboard(Writer):
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
         prefix: str | Mapping[str, str] | None = None,
         max_pending: int = 256,
+        every: int = 32,
         **writer_kwargs: Any,
     ):
         try:
             import tensorboardX
             from tensorboardX import event_file_writer
-            from tensorboardX.proto import event_pb2
-            from tensorboardX.summary import scalar
+            from tensorboardX.proto import event_pb2, summary_pb2
         except ImportError:
             raise missing("tensorboard", "tensorboardX", "tensorboard") from None
-        super().__init__(collections=collections, max_pending=max_pending)
+        super().__init__(collections=collections, max_pending=max_pending, every=every)
         if not isinstance(logdir, str | os.PathLike):
             raise TypeError(f"`logdir` must be a path, got {logdir!r}.")
         if hparams is not None and not isinstance(hparams, Mapping):
@@ -100,18 +121,53 @@ class tensorboard(Writer):
         self.logdir = os.fspath(logdir)
         self.hparams = dict(hparams) if hparams else None
         self._module, self._files = tensorboardX, event_file_writer
-        self._proto, self._scalar = event_pb2, scalar
+        self._proto, self._summary = event_pb2, summary_pb2.Summary
+        caller = sys._getframe(1)
+        self._made = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         self._suffix = str(writer_kwargs.pop("filename_suffix", "") or "")
         self._kwargs = writer_kwargs
         self._tags = Tags(prefix, "tensorboard")
         self._events: Any = None
         self._last: dict[str, float] = {}
 
+    def __repr__(self) -> str:
+        return f"ciclo.tensorboard({self.logdir!r}) made at {self._made}"
+
+    def _claim(self) -> None:
+        """Registers this writer as the one writing to its logdir; an error naming
+        both if another one is."""
+        key = os.path.realpath(self.logdir)
+        other = _WRITING.get(key)
+        if other is not None and other is not self:
+            raise ValueError(
+                f"Two TensorBoard writers on one logdir: {self!r} and {other!r}, "
+                f"which is still writing there. Each event file starts with a "
+                f"restart marker, so TensorBoard would hide one writer's points. "
+                f"Use one writer per logdir (e.g. {self.logdir}/train and "
+                f"{self.logdir}/eval), one writer with `prefix=`, or close() the "
+                f"first before the second starts."
+            )
+        _WRITING[key] = self
+
+    def _release(self) -> None:
+        key = os.path.realpath(self.logdir)
+        if _WRITING.get(key) is self:
+            del _WRITING[key]
+
+    def __loop_start__(self, elapsed: Any) -> None:
+        super().__loop_start__(elapsed)
+        self._claim()
+
+    def __call__(self, elapsed: Any, logs: Any = None) -> None:
+        self._claim()  # by hand: from the first call to `close()`
+        super().__call__(elapsed, logs)
+
     def _write(self, rows: list[Row]) -> None:
         if not rows:
             return
         events = self._events
         if events is None:  # an event file of its own (a resumed run: a new one)
+            self._claim()
             os.makedirs(self.logdir, exist_ok=True)
             suffix = f".{os.getpid()}.{next(_FILES)}{self._suffix}"
             events = self._events = self._files.EventsWriter(
@@ -128,20 +184,27 @@ class tensorboard(Writer):
                         ),
                     )
                 )
-        tags, scalar, event = self._tags, self._scalar, self._proto.Event
+        tags, event, last = self._tags, self._proto.Event, self._last
+        summary, value_of = self._summary, self._summary.Value
         now = time.time()
         for row in rows:
+            values = []
             for name, value in row.entries.items():
                 tag = tags(name)
+                values.append(value_of(tag=tag, simple_value=value))
+                last[tag] = value
+            if values:
                 events.write_event(
-                    event(wall_time=now, step=row.completed, summary=scalar(tag, value))
+                    event(
+                        wall_time=now, step=row.completed, summary=summary(value=values)
+                    )
                 )
-                self._last[tag] = value
             self.rows_written += 1
-        events.flush()  # on disk (the OS's) now: a killed run keeps its rows
+        _flush(events)  # to the OS now: a killed process keeps its rows
 
     def _close(self) -> None:
         events, self._events = self._events, None
+        self._release()
         if events is None:
             return
         try:
@@ -157,3 +220,13 @@ class tensorboard(Writer):
                     writer.close()
         finally:
             events.close()
+
+
+def _flush(events: Any) -> None:
+    """The event file's buffer to the OS, without tensorboardX's fsync (which costs
+    milliseconds; a killed process loses nothing the OS has)."""
+    file = getattr(getattr(events, "_py_recordio_writer", None), "_writer", None)
+    if file is not None and callable(getattr(file, "flush", None)):
+        file.flush()
+    else:  # another tensorboardX layout: its own flush
+        events.flush()

@@ -50,6 +50,9 @@ class wandb_logger(Writer):
             from a test name to its prefix (`{"": "train/", "test": "val/"}`
             logs `loss_test` as `val/loss`), as `ciclo.tensorboard`'s.
         max_pending: at most this many rows wait for the device.
+        every: rows waiting that start a write: rows are written and flushed in
+            batches (`every` rows, or when the loop's history brings rows to the
+            host, at its end, Ctrl-C and `close()`), never one per step.
         **init_kwargs: passed to `wandb.init` when `run` is None.
 
     Raises:
@@ -72,13 +75,14 @@ class wandb_logger(Writer):
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
         prefix: str | Mapping[str, str] | None = None,
         max_pending: int = 256,
+        every: int = 32,
         **init_kwargs: Any,
     ):
         try:
             import wandb
         except ImportError:
             raise missing("wandb_logger", "wandb", "wandb") from None
-        super().__init__(collections=collections, max_pending=max_pending)
+        super().__init__(collections=collections, max_pending=max_pending, every=every)
         if run is not None and init_kwargs:
             raise TypeError(
                 f"wandb_logger: pass either a `run` or wandb.init arguments "
