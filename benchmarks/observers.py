@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -91,6 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", help="also write the per-round µs/step here")
     args = parser.parse_args()
     variants = ["bare loop", "csv_logger", "jsonl_logger"]
     if _has_tensorboard():
@@ -114,6 +116,9 @@ def main() -> None:
     print()
     print("| variant | µs/step (median) | µs/step added (median of pairs) | range |")
     print("| --- | ---: | ---: | ---: |")
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(times, file)
     bare = times["bare loop"]
     for name in variants:
         added = [t - b for t, b in zip(times[name], bare)]
