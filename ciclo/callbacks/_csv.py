@@ -83,10 +83,11 @@ class jsonl_logger(_FileWriter):
             (unless `append=True`); later loops with the same logger append.
         append: keep an existing file's lines.
         collections: the collections written.
-        max_pending: at most this many rows wait for the device.
-        every: rows waiting that start a write: rows are written and flushed in
-            batches (`every` rows, or when the loop's history brings rows to the
-            host, at its end, Ctrl-C and `close()`), never one per step.
+        max_pending: kept for compatibility (the history bounds the rows that
+            wait for the device).
+        every: used by hand, the rows between two writes (in a loop, rows are
+            written when the loop's history brings them to the host, at its end,
+            Ctrl-C and `close()`); never one write per step.
 
     Example:
         >>> import json, os, tempfile, ciclo
@@ -152,10 +153,11 @@ class csv_logger(_FileWriter):
             with the same logger append.
         append: keep an existing file's rows.
         collections: the collections written.
-        max_pending: at most this many rows wait for the device.
-        every: rows waiting that start a write: rows are written and flushed in
-            batches (`every` rows, or when the loop's history brings rows to the
-            host, at its end, Ctrl-C and `close()`), never one per step.
+        max_pending: kept for compatibility (the history bounds the rows that
+            wait for the device).
+        every: used by hand, the rows between two writes (in a loop, rows are
+            written when the loop's history brings them to the host, at its end,
+            Ctrl-C and `close()`); never one write per step.
 
     Example:
         >>> import csv, os, tempfile, ciclo

@@ -31,18 +31,18 @@ class tensorboard(Writer):
     with its batch (`elapsed.steps + 1`: the 20th batch's values at step 20, an
     epoch-end evaluation at the epoch boundary, as Keras's TensorBoard callback,
     clu and Jaxloop do; `History` and the CSV/JSONL `steps` column count the
-    steps before the batch). Values are read lagged: a row is written once the
-    device has computed it, never making the host wait during training. At the end
+    steps before the batch). Rows are read from the loop's `History` once it has
+    brought them to the host, never making the host wait during training. At the end
     of the loop (normally, on Ctrl-C or on an error) every remaining row is written
     and the event file is closed, so what was committed to the history is on disk
     when the loop returns. Events are written in the caller's thread and flushed
     once per batch of rows (see below), without an fsync (the OS has them: a
     killed process loses none it wrote; the file is synced when it closes).
 
-    Rows are written in batches, never one per step: when `every` rows wait,
-    when the loop's history has brought rows to the host (every `lag` = 64
-    commits by default, and at each checkpoint save), at the loop's end, at
-    Ctrl-C and at `close()`. A SIGKILL loses at most the rows since the last
+    Rows are written in batches, never one per step: when the loop's history
+    has brought rows to the host (every `lag` = 64 commits by default, and at
+    each checkpoint save), at the loop's end, at Ctrl-C and at `close()` (by
+    hand, every `every` calls). A SIGKILL loses at most the rows since the last
     batch. Each row is one event holding all its scalars.
 
     One writer per `logdir` at a time: a second `ciclo.tensorboard` on the same
@@ -75,8 +75,9 @@ class tensorboard(Writer):
             dict from a test name to its prefix, `""` for the other entries:
             `{"": "train/", "test": "val/"}` writes `loss` as `train/loss` and
             `loss_test` as `val/loss`.
-        max_pending: at most this many rows wait for the device.
-        every: rows waiting that start a write (see above).
+        max_pending: kept for compatibility (the history bounds the rows that
+            wait for the device).
+        every: used by hand, the rows between two writes (see above).
         **writer_kwargs: `filename_suffix` of the event files; the rest is passed to
             the `tensorboardX.SummaryWriter` that writes `hparams`.
 

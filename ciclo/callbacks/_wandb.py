@@ -49,10 +49,11 @@ class wandb_logger(Writer):
         prefix: None (bare names), a prefix for every key (`"train/"`), or a dict
             from a test name to its prefix (`{"": "train/", "test": "val/"}`
             logs `loss_test` as `val/loss`), as `ciclo.tensorboard`'s.
-        max_pending: at most this many rows wait for the device.
-        every: rows waiting that start a write: rows are written and flushed in
-            batches (`every` rows, or when the loop's history brings rows to the
-            host, at its end, Ctrl-C and `close()`), never one per step.
+        max_pending: kept for compatibility (the history bounds the rows that
+            wait for the device).
+        every: used by hand, the rows between two writes (in a loop, rows are
+            written when the loop's history brings them to the host, at its end,
+            Ctrl-C and `close()`); never one write per step.
         **init_kwargs: passed to `wandb.init` when `run` is None.
 
     Raises:
