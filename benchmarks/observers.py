@@ -9,7 +9,8 @@ warmup-cosine schedule), each alone, and all four together. The variants are run
 paired and interleaved: each round runs every variant once (in a rotated order)
 and each variant's cost is taken against the bare loop of the same round; the table
 reports the median over rounds of the microseconds per step added (and the range),
-which is robust to a machine loaded by other processes. A run ends with every row
+in wall-clock time and in this process's CPU time (all its threads), which a
+machine loaded by other processes disturbs less. A run ends with every row
 on disk (the writers close at the loop's end) and on the host (the history read).
 """
 
@@ -79,13 +80,14 @@ def observers(name: str, directory: str) -> list:
     return [] if name == "bare loop" else [made[name]()]
 
 
-def seconds(name: str, batches: list) -> float:
+def seconds(name: str, batches: list) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (this process, all threads) of one run."""
     with tempfile.TemporaryDirectory() as directory:
         tasks = {ciclo.every(1): [train_step, *observers(name, directory)]}
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         _, history, _ = ciclo.loop(None, batches, tasks)
         history.collect("steps")  # the last lagged rows on the host
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
 
 def main() -> None:
@@ -100,12 +102,15 @@ def main() -> None:
     variants += ["lr_monitor(schedule)", "all four"]
     batches = make_batches(args.steps)
     for name in variants:  # compile and warm every path outside the timing
-        seconds(name, batches[:50])
+        seconds(name, batches[:300])  # past the history's first transfers
     times: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(args.rounds):
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for name in order:
-            times[name].append(seconds(name, batches) / args.steps * 1e6)
+            wall, used = seconds(name, batches)
+            times[name].append(wall / args.steps * 1e6)
+            cpu[name].append(used / args.steps * 1e6)
     print(
         f"# {platform.node() or 'host'} | {platform.machine()} | {os.cpu_count()} cpus"
         f" | device: {jax.devices()[0].platform} | jax {jax.__version__} | "
@@ -113,20 +118,23 @@ def main() -> None:
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC | "
         f"{args.steps} steps x {args.rounds} rounds, interleaved"
     )
-    print()
-    print("| variant | µs/step (median) | µs/step added (median of pairs) | range |")
-    print("| --- | ---: | ---: | ---: |")
     if args.json:
         with open(args.json, "w") as file:
-            json.dump(times, file)
-    bare = times["bare loop"]
-    for name in variants:
-        added = [t - b for t, b in zip(times[name], bare)]
+            json.dump({"wall": times, "cpu": cpu}, file)
+    for title, table in (("wall-clock", times), ("CPU time (process)", cpu)):
+        print(f"\n{title}:\n")
         print(
-            f"| {name} | {statistics.median(times[name]):.1f} | "
-            f"{statistics.median(added):+.1f} | "
-            f"{min(added):+.1f} – {max(added):+.1f} |"
+            "| variant | µs/step (median) | µs/step added (median of pairs) | range |"
         )
+        print("| --- | ---: | ---: | ---: |")
+        bare = table["bare loop"]
+        for name in variants:
+            added = [t - b for t, b in zip(table[name], bare, strict=True)]
+            print(
+                f"| {name} | {statistics.median(table[name]):.1f} | "
+                f"{statistics.median(added):+.1f} | "
+                f"{min(added):+.1f} – {max(added):+.1f} |"
+            )
 
 
 if __name__ == "__main__":

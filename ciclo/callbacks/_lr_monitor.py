@@ -38,7 +38,7 @@ class _Rates:
         self.schedule = schedule
         self._traced = True
         self._first = -1  # the first step of `_values`
-        self._values: np.ndarray | None = None
+        self._values: list[Any] | None = None  # Python numbers
         self._next: tuple[int, jax.Array] | None = None  # (first step, started)
 
     def __call__(self, step: int) -> Any:
@@ -53,7 +53,7 @@ class _Rates:
             ahead = self._next
             started = ahead[1] if ahead and ahead[0] == first else self._start(first)
             with explicit():  # a deliberate copy of values computed ahead
-                self._values = values = np.asarray(jax.device_get(started))
+                self._values = values = np.asarray(jax.device_get(started)).tolist()
             self._next = (first + _BLOCK, self._start(first + _BLOCK))
         except Exception:  # not traceable: op by op from now on
             self._traced, self._values, self._next = False, None, None
