@@ -185,5 +185,6 @@ class lr_monitor(LoopElement):
         """The logs `{"metrics": {name: learning rate}}` for `state`."""
         return Logs().add_metric(self.name, self.learning_rate(state, elapsed))
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[Logs, None]:
-        return self(loop_state.state, loop_state.elapsed), None
+    def __loop_callback__(self, loop_state: Any) -> Logs:
+        # the logs alone (no state): the loop's fast path for a callback's output
+        return self(loop_state.state, loop_state.elapsed)

@@ -187,7 +187,8 @@ class Writer(LoopElement):
             self._seen = own.on_host
             self._write_marks(self._seen)
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+    def __loop_callback__(self, loop_state: Any) -> None:
+        # returns None (no logs, no state): the loop's cheapest output to apply
         if not self._guarded:  # once per loop
             self._guarded = GUARD.acquire()
         guard = GUARD if self._guarded else None
@@ -219,7 +220,6 @@ class Writer(LoopElement):
                 if guard.pending:  # Ctrl-C came during the call: now
                     guard.pending = False
                     raise KeyboardInterrupt
-        return None, None
 
     def __loop_end__(self, loop_state: Any) -> None:
         """Writes every remaining row (waiting for the device once) and closes, on
@@ -301,9 +301,13 @@ class Writer(LoopElement):
                 continue
             numbers = {}
             for name, value in entries.items():
-                number = host_scalar(value)
-                if number is not None:
-                    numbers[name] = number
+                kind = type(value)  # the history's scalars: Python numbers
+                if kind is float or kind is int:
+                    numbers[name] = value
+                else:
+                    number = host_scalar(value)
+                    if number is not None:
+                        numbers[name] = number
             if numbers:
                 rows.append(Row(steps, samples, time, numbers))
         return rows
