@@ -217,17 +217,17 @@ class csv_logger(_FileWriter):
             fields = self._fields or list(ELAPSED_COLUMNS)
             self._fields = fields + new
             file = self._rewrite()
-        writer = csv.DictWriter(file, self._fields, restval="")
-        for row in rows:
-            writer.writerow(
-                {
-                    "steps": row.steps,
-                    "samples": row.samples,
-                    "time": row.time,
-                    "completed": row.completed,
-                    **{k: _cell(v) for k, v in row.entries.items()},
-                }
-            )
+        writer, fields = csv.writer(file), self._fields
+        for row in rows:  # the cells in the header's order ("" where not logged)
+            cells = {
+                "steps": row.steps,
+                "samples": row.samples,
+                "time": row.time,
+                "completed": row.completed,
+            }
+            for name, value in row.entries.items():
+                cells[name] = _cell(value)
+            writer.writerow([cells.get(field, "") for field in fields])
             self.rows_written += 1
         file.flush()
 
