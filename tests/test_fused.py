@@ -216,3 +216,29 @@ def test_fuse_stacks_every_batch_form_and_splits_where_shapes_change(form):
     # a custom batch size (from the shapes) is counted per batch
     fused = list(ciclo.fuse([make(x, y) for x, y in zip(xs, ys)], 3, lambda s: 10))
     assert [(s.n, s.samples) for s in fused] == [(3, 30), (2, 20), (1, 10)]
+
+
+def test_a_resumed_fused_run_keeps_every_row(tmp_path):
+    # the last fused call before a save (steps 3-5) is saved as its 3 rows, each
+    # with its own values: the resumed history equals an uninterrupted one
+    fused3 = managed.train_step(m.train_step.fn, steps_per_call=3)
+    data = m.dataset(steps=12)
+
+    def run(stop, resume=None):
+        return ciclo.train_loop(
+            m.create("jit"),
+            lambda start_step: data[start_step:],
+            {ciclo.on_train_step: fused3},
+            epoch_duration=3,
+            steps_per_call=3,
+            stop=stop,
+            resume=resume,
+        )
+
+    run(6, tmp_path)
+    _, resumed, elapsed = run(12, tmp_path)
+    _, straight, _ = run(12)
+    assert elapsed.steps == 12
+    keys = ("steps", "samples", "losses.loss", "steps_seen")
+    assert resumed.collect(*keys) == straight.collect(*keys)
+    assert resumed.collect("steps") == list(range(12))

@@ -109,6 +109,30 @@ def test_lr_monitor_from_a_schedule_in_loop_and_by_hand():
     assert float(logs.metrics.learning_rate) == pytest.approx(float(SCHEDULE(3)))
 
 
+def test_lr_monitor_schedule_is_compiled_once_with_todays_values():
+    # the schedule runs traced once (not op by op each step) and gives the values
+    # of an op-by-op call, across the blocks it is computed in
+    calls = []
+
+    def schedule(count):
+        calls.append(count)
+        return optax.warmup_cosine_decay_schedule(0.0, 1e-3, 10, 3000)(count)
+
+    monitor = ciclo.lr_monitor(schedule)
+    _, history, _ = ciclo.loop(None, range(40), {ciclo.every(1): monitor})
+    assert len(calls) <= 2  # one trace (+ one for the block computed ahead)
+    expected = [float(schedule(s)) for s in range(40)]
+    np.testing.assert_allclose(history.collect("learning_rate"), expected, rtol=1e-6)
+    for step in [1023, 1024, 2500, 7]:  # by hand, out of order, across blocks
+        logs = monitor(None, ciclo.Elapsed.create(steps=step))
+        value = float(logs.metrics.learning_rate)
+        assert value == pytest.approx(float(schedule(step)), rel=1e-6)
+    # a schedule that branches on the step in Python is called as before
+    steps = ciclo.lr_monitor(lambda count: 0.1 if count < 3 else 0.01)
+    _, history, _ = ciclo.loop(None, range(5), {ciclo.every(1): steps})
+    assert history.collect("learning_rate") == [0.1, 0.1, 0.1, 0.01, 0.01]
+
+
 def test_lr_monitor_without_injected_hyperparams_says_how_to_fix():
     with pytest.raises(ValueError, match="inject_hyperparams"):
         ciclo.loop(

@@ -196,3 +196,82 @@ def test_wandb_resumes_and_rewinds_the_same_run(tmp_path, monkeypatch):
     )
     assert fake.inits[2]["id"] != first["id"] and len(fake.runs) == 2
     assert np.all([isinstance(k, str) for k in fake.runs])
+
+
+def test_a_writer_on_a_schedule_writes_exactly_the_steps_it_fired_at(tmp_path):
+    pytest.importorskip("tensorboardX", reason="needs ciclo[tensorboard]")
+    pytest.importorskip("tensorboard", reason="reading events needs tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+    )
+
+    j, tb = ciclo.jsonl_logger(tmp_path / "log.jsonl"), ciclo.tensorboard(tmp_path)
+    _, history, _ = ciclo.loop(
+        None, range(10), {ciclo.every(1): step, ciclo.every(4): [j, tb]}
+    )
+    assert history.collect("steps") == list(range(10))
+    assert [r["steps"] for r in read_jsonl(tmp_path / "log.jsonl")] == [0, 4, 8]
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [
+        (1, 0.0),
+        (5, 4.0),
+        (9, 8.0),
+    ]
+
+
+def test_two_tensorboard_writers_on_one_logdir_is_an_error_naming_both(tmp_path):
+    pytest.importorskip("tensorboardX", reason="needs ciclo[tensorboard]")
+    first = ciclo.tensorboard(tmp_path / "tb")
+    second = ciclo.tensorboard(tmp_path / "tb")
+    with pytest.raises(ValueError, match="Two TensorBoard writers") as error:
+        ciclo.loop(None, range(3), {ciclo.every(1): [step, first, second]})
+    assert str(error.value).count("test_writer_steps.py:") == 2  # where each was made
+    # one after the other is fine (the first closed at its loop's end), and so
+    # are two logdirs in one loop
+    ciclo.loop(None, range(3), {ciclo.every(1): [step, first]})
+    ciclo.loop(None, range(3), {ciclo.every(1): [step, second]})
+    ciclo.loop(
+        None,
+        range(3),
+        {
+            ciclo.every(1): [
+                step,
+                ciclo.tensorboard(tmp_path / "a"),
+                ciclo.tensorboard(tmp_path / "b"),
+            ]
+        },
+    )
+    # by hand: the second's first write is refused while the first is open
+    first, second = (ciclo.tensorboard(tmp_path / "c") for _ in range(2))
+    first(ciclo.Elapsed.create(), step(None, 1)[0])  # writing until its close()
+    with pytest.raises(ValueError, match="Two TensorBoard writers"):
+        second(ciclo.Elapsed.create(), step(None, 1)[0])
+    first.close()
+    second(ciclo.Elapsed.create(steps=1), step(None, 2)[0])  # now it may
+    second.close()
+
+
+@pytest.mark.parametrize("name", ["csv_logger", "jsonl_logger"])
+def test_rows_reach_the_file_in_batches_not_per_step(tmp_path, name):
+    path = tmp_path / "log"
+    on_disk = []
+
+    def look(state, batch):  # after the writer: the rows in the file now
+        if path.exists():
+            with open(path) as file:
+                on_disk.append(sum(1 for _ in file))
+        else:
+            on_disk.append(0)
+
+    writer = getattr(ciclo, name)(path)
+    _, history, _ = ciclo.loop(None, range(200), {ciclo.every(1): [step, writer, look]})
+    header = 1 if name == "csv_logger" else 0
+    counts = sorted(set(on_disk))
+    # a handful of writes (when the history hands rows over: every 64 commits),
+    # never one per step, and no row waits long
+    assert 3 <= len(counts) <= 200 // 16
+    lagging = [i + 1 - (n - header if n else 0) for i, n in enumerate(on_disk)]
+    assert max(lagging) <= 2 * 64 + 1  # 2 x the history's lag
+    with open(path) as file:  # and all of them at the end
+        assert sum(1 for _ in file) - header == len(history) == 200

@@ -107,8 +107,14 @@ def test_killed_and_resumed_writers_hold_each_step_once(tmp_path, reference, kil
     killed = run(ckpts, out, kill, how)
     assert killed.returncode == (-9 if how == "kill" else 0), killed.stderr[-3000:]
     restored = (complete_steps(ckpts) or [0])[-1]
-    if kill > 2:  # the file holds rows from the restored step on: to be replaced
-        written = [r["steps"] for r in jsonl_rows(out)]
+    written = (
+        [r["steps"] for r in jsonl_rows(out)] if (out / "log.jsonl").exists() else []
+    )
+    # nothing below the restored checkpoint's step is lost (writers write rows in
+    # batches, so a SIGKILL loses at most those since the last one, never a row
+    # the checkpoint saved)
+    assert set(range(restored)) <= set(written), (written, restored)
+    if how == "int":  # the file holds rows from the restored step on: replaced
         assert max(written, default=-1) >= restored, (written, restored)
     resumed = run(ckpts, out)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

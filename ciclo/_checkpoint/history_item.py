@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from ciclo._history.history import History
+from ciclo._input.batch import Steps
 from ciclo._logs import Logs
 from ciclo._time import Elapsed
 from ciclo._warn import warn
@@ -91,15 +92,25 @@ def _decode(item: Any) -> Any:
 
 
 def history_json(
-    history: History, row: tuple[Elapsed, Logs] | None = None
+    history: History,
+    row: tuple[Elapsed, Logs] | None = None,
+    batch: Any = None,
 ) -> dict[str, Any]:
     """`history` (its lagged values fetched first), plus `row` — the current step's
-    `(elapsed, logs)`, not committed yet — as the JSON of the `history` item."""
+    `(elapsed, logs)`, not committed yet — as the JSON of the `history` item.
+
+    When `batch` is a fused call (`ciclo.Steps`) whose step left per-step logs,
+    `row` stands for its `batch.n` rows, committed as the loop commits them
+    (`commit_steps`): every step of the call is saved with its own values."""
     state = history.__getstate__()
-    if row is not None and row[1]:
+    fused = type(batch) is Steps and batch.rows is not None
+    if row is not None and (row[1] or fused):
         copy = History.__new__(History)
         copy.__setstate__(state)  # takes the copied arrays: `history` is untouched
-        copy.commit(*row)
+        if fused:
+            copy.commit_steps(row[0], batch, row[1])
+        else:
+            copy.commit(*row)
         state = copy.__getstate__()
     columns = []
     for collection, name, rows, values in state["columns"]:

@@ -58,7 +58,7 @@ class LoopCheckpoint(Saver):
             else:  # saved unranked; checked at the loop's end that it was logged
                 self._unranked = True
         state, data = loop_state.state, loop_state.data_state()
-        history = loop_state.history
+        history, batch = loop_state.history, loop_state.batch
 
         def save(row: tuple[Elapsed, Any] | None = None) -> None:
             # once the step's row is committed (whole); `row`: after an error in
@@ -66,11 +66,13 @@ class LoopCheckpoint(Saver):
             guard = getattr(loop_state, "_nan_guard", None)
             if guard is not None and self._nonfinite(guard, history, elapsed, row):
                 return
-            self._save(elapsed, state, value, history_json(history, row), data)
+            rows = history_json(history, row, None if row is None else batch)
+            self._save(elapsed, state, value, rows, data)
 
         save.where = f"ciclo.checkpoint({str(self.directory)!r}) saving"
         if not after_commit(loop_state, save):  # not a loop's: save now
-            rows = history_json(history, (loop_state.elapsed, loop_state.logs))
+            # a fused call's per-step rows too (a loop commits them after the batch)
+            rows = history_json(history, (loop_state.elapsed, loop_state.logs), batch)
             self._save(elapsed, state, value, rows, data)
 
     def _nonfinite(

@@ -129,6 +129,48 @@ class History(HistoryStore):
             + " `history.keys()` lists what was logged."
         )
 
+    # -- the stream, for observers --------------------------------------------------
+    def fetch(self, upto: int | None = None) -> None:
+        """Brings the values of the rows below `upto` (all by default) to the host,
+        waiting for the device for those rows only (what `on_host` counts)."""
+        if upto is None or upto >= self._rows:
+            self._flush()
+            return
+        if self._writing:  # after an interrupted write
+            self._heal()
+        self._flush(upto)
+        self._writing = False
+
+    def host_rows(
+        self, start: int, stop: int, collections: tuple[str, ...]
+    ) -> list[tuple[int, int, float, dict[str, Any]]]:
+        """The rows `start` to `stop` that are on the host (below `on_host`; no
+        transfer, no wait), each as `(steps, samples, time, entries)`: `entries`
+        maps the bare name of each entry of `collections` to its host value (a
+        name in several of them takes the value of the last one listed)."""
+        stop = min(stop, self._fetched)
+        if stop <= start:
+            return []
+        entries: list[dict[str, Any]] = [{} for _ in range(stop - start)]
+        for collection in collections:
+            for (owner, name), column in self._columns.items():
+                if owner != collection or isinstance(column, ElapsedColumn):
+                    continue
+                rows, values = column.rows, column.values
+                lo = bisect.bisect_left(rows, start)
+                for i in range(lo, bisect.bisect_left(rows, stop, lo)):
+                    entries[rows[i] - start][name] = values[i]
+        steps, samples, time, _ = self._elapsed
+        return list(
+            zip(
+                steps.values[start:stop],
+                samples.values[start:stop],
+                time.values[start:stop],
+                entries,
+                strict=True,
+            )
+        )
+
     def __getitem__(self, index: int | slice) -> Logs | list[Logs]:
         """The logs of row `index` (negative indices count from the end), or a list
         of them for a slice."""

@@ -59,6 +59,13 @@ class HistoryStore:
         # for it (`logs.add_metric(..., aggregation=...)`); `inner_loop` reads it
         self._declared: dict[tuple[str, str], str] = {}
 
+    @property
+    def on_host(self) -> int:
+        """How many rows have all their values on the host: it grows by the lagged
+        transfer (every `lag` commits) and by a read's flush (e.g. a checkpoint's
+        save); observers that write rows out write then."""
+        return self._fetched
+
     # -- writing ------------------------------------------------------------------
     def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
         """Appends one row: the `elapsed` fields plus every entry of `logs`.

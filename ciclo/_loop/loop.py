@@ -22,6 +22,7 @@ from ciclo._logs import Logs
 from ciclo._loop.run import Run
 from ciclo._loop.runners import abandon, end_hooks_of, finish, make_plan, runners
 from ciclo._loop.state import LoopState, read_from
+from ciclo._loop.state import interrupted as set_interrupted
 from ciclo._period import Period, as_period
 from ciclo._short import short
 from ciclo._time import Elapsed
@@ -217,6 +218,7 @@ def _run(
     try:
         run.batches(iterator)
     except KeyboardInterrupt as error:
+        set_interrupted(ls, True)
         if not catch_keyboard_interrupt:
             ls.error = error
             _unfinished(run, error)

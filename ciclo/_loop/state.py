@@ -17,7 +17,14 @@ from ciclo._logs import Logs
 from ciclo._loop.callback import describe, split_output
 from ciclo._warn import warn
 
-__all__ = ["Apply", "LoopState", "after_commit", "committed", "read_from"]
+__all__ = [
+    "Apply",
+    "LoopState",
+    "after_commit",
+    "committed",
+    "interrupted",
+    "read_from",
+]
 
 
 class LoopState:
@@ -56,6 +63,7 @@ class LoopState:
         "_borrowed",
         "_committed",
         "_data",
+        "_interrupted",
         "_nan_guard",
         "batch",
         "elapsed",
@@ -79,6 +87,7 @@ class LoopState:
         self._data = None  # the iterator the batches come from
         self._after_commit: list[Any] = []  # run once the step's row is committed
         self._nan_guard: Any = None  # a `nan_guard` running in this loop
+        self._interrupted = False  # Ctrl-C ended the loop (set for the end hooks)
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
         self.error: BaseException | None = None  # what the loop is ending with
@@ -128,6 +137,14 @@ def after_commit(ls: Any, action: Any) -> bool:
         return False
     pending.append(action)
     return True
+
+
+def interrupted(ls: LoopState, value: bool | None = None) -> bool:
+    """Whether Ctrl-C (KeyboardInterrupt) ended `ls`'s loop, which the loop sets
+    (`value`) before its end hooks run; they read it."""
+    if value is not None:
+        ls._interrupted = value
+    return ls._interrupted
 
 
 def committed(ls: LoopState) -> Logs:

@@ -27,8 +27,9 @@ class _FileWriter(Writer):
         append: bool = False,
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
         max_pending: int = 256,
+        every: int = 32,
     ):
-        super().__init__(collections=collections, max_pending=max_pending)
+        super().__init__(collections=collections, max_pending=max_pending, every=every)
         if not isinstance(path, str | os.PathLike):
             raise TypeError(f"`path` must be a file path, got {path!r}.")
         self.path = os.fspath(path)
@@ -69,9 +70,9 @@ class jsonl_logger(_FileWriter):
     metrics by bare name (`{"steps": 3, "samples": 96, "time": 0.41, "loss":
     0.52}`); NaN and infinities are written as `NaN` / `Infinity` (Python's
     `json` reads them back). Rows are written lagged, once the device has computed
-    them, and flushed after each write; at the end of the loop (also on Ctrl-C or
-    an error) the remaining rows are written and the file is closed, so every row
-    committed to the history is in the file when the loop returns.
+    them, in batches (see `every`), each flushed; at the end of the loop (also on
+    Ctrl-C or an error) the remaining rows are written and the file is closed, so
+    every row committed to the history is in the file when the loop returns.
 
     Registration and use as `ciclo.tensorboard`: `on_train_batch_end` in
     `train_loop(callbacks=[...])`, `**` last in a `ciclo.loop` task dict, or by
@@ -82,7 +83,11 @@ class jsonl_logger(_FileWriter):
             (unless `append=True`); later loops with the same logger append.
         append: keep an existing file's lines.
         collections: the collections written.
-        max_pending: at most this many rows wait for the device.
+        max_pending: kept for compatibility (the history bounds the rows that
+            wait for the device).
+        every: used by hand, the rows between two writes (in a loop, rows are
+            written when the loop's history brings them to the host, at its end,
+            Ctrl-C and `close()`); never one write per step.
 
     Example:
         >>> import json, os, tempfile, ciclo
@@ -134,10 +139,10 @@ class csv_logger(_FileWriter):
     entry leaves its cell empty. When a new entry appears (`accuracy_test` after
     the first epoch), the file is rewritten with the wider header (to a temporary
     file, then atomically renamed over the old one), so no row is lost. Rows are
-    written lagged, once the device has computed them, and flushed after each
-    write; at the end of the loop (also on Ctrl-C or an error) the remaining rows
-    are written and the file is closed, so every row committed to the history is in
-    the file when the loop returns.
+    written lagged, once the device has computed them, in batches (see `every`),
+    each flushed; at the end of the loop (also on Ctrl-C or an error) the remaining
+    rows are written and the file is closed, so every row committed to the history
+    is in the file when the loop returns.
 
     Registration and use as `ciclo.tensorboard`. Read it back with
     `csv.DictReader` or `pandas.read_csv`.
@@ -148,7 +153,11 @@ class csv_logger(_FileWriter):
             with the same logger append.
         append: keep an existing file's rows.
         collections: the collections written.
-        max_pending: at most this many rows wait for the device.
+        max_pending: kept for compatibility (the history bounds the rows that
+            wait for the device).
+        every: used by hand, the rows between two writes (in a loop, rows are
+            written when the loop's history brings them to the host, at its end,
+            Ctrl-C and `close()`); never one write per step.
 
     Example:
         >>> import csv, os, tempfile, ciclo
@@ -172,9 +181,14 @@ class csv_logger(_FileWriter):
         append: bool = False,
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
         max_pending: int = 256,
+        every: int = 32,
     ):
         super().__init__(
-            path, append=append, collections=collections, max_pending=max_pending
+            path,
+            append=append,
+            collections=collections,
+            max_pending=max_pending,
+            every=every,
         )
         self._fields: list[str] = []
 
@@ -217,17 +231,17 @@ class csv_logger(_FileWriter):
             fields = self._fields or list(ELAPSED_COLUMNS)
             self._fields = fields + new
             file = self._rewrite()
-        writer = csv.DictWriter(file, self._fields, restval="")
-        for row in rows:
-            writer.writerow(
-                {
-                    "steps": row.steps,
-                    "samples": row.samples,
-                    "time": row.time,
-                    "completed": row.completed,
-                    **{k: _cell(v) for k, v in row.entries.items()},
-                }
-            )
+        writer, fields = csv.writer(file), self._fields
+        for row in rows:  # the cells in the header's order ("" where not logged)
+            cells = {
+                "steps": row.steps,
+                "samples": row.samples,
+                "time": row.time,
+                "completed": row.completed,
+            }
+            for name, value in row.entries.items():
+                cells[name] = _cell(value)
+            writer.writerow([cells.get(field, "") for field in fields])
             self.rows_written += 1
         file.flush()
 

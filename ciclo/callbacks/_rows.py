@@ -4,6 +4,7 @@ each entry name (`Tags`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,12 +73,15 @@ class Tags:
         return tag
 
 
+_NUMBERS = (bool, int, float, np.float32, np.float64, np.int32, np.int64, np.bool_)
+
+
 def numeric(value: Any) -> bool:
     """Cheap per-step filter: could `value` be a single number (no conversion)."""
-    if isinstance(value, bool | int | float | np.number | np.bool_):
+    if type(value) in _NUMBERS or isinstance(value, bool | int | float | np.number):
         return True
     shape = getattr(value, "shape", None)
-    return shape is not None and int(np.prod(shape)) == 1
+    return shape is not None and (shape == () or math.prod(shape) == 1)
 
 
 class Row:

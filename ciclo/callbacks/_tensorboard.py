@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import struct
+import sys
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +19,10 @@ from ciclo.callbacks._writer import Writer, missing
 __all__ = ["tensorboard"]
 
 _FILES = itertools.count()  # event files of this process: distinct names
+# logdir -> the writer writing there now (from its loop's start or first write to
+# its close): a second one would hide the first's points (each file starts with a
+# restart marker)
+_WRITING: weakref.WeakValueDictionary[str, tensorboard] = weakref.WeakValueDictionary()
 
 
 class tensorboard(Writer):
@@ -25,13 +33,25 @@ class tensorboard(Writer):
     with its batch (`elapsed.steps + 1`: the 20th batch's values at step 20, an
     epoch-end evaluation at the epoch boundary, as Keras's TensorBoard callback,
     clu and Jaxloop do; `History` and the CSV/JSONL `steps` column count the
-    steps before the batch). Values are read lagged: a row is written once the
-    device has computed it, never making the host wait during training. At the end
+    steps before the batch). Rows are read from the loop's `History` once it has
+    brought them to the host, never making the host wait during training. At the end
     of the loop (normally, on Ctrl-C or on an error) every remaining row is written
     and the event file is closed, so what was committed to the history is on disk
     when the loop returns. Events are written in the caller's thread and flushed
-    at each write (not held in tensorboardX's queue for `flush_secs`), so a killed
-    run loses no row it wrote.
+    once per batch of rows (see below), without an fsync (the OS has them: a
+    killed process loses none it wrote; the file is synced when it closes).
+
+    Rows are written in batches, never one per step: when the loop's history
+    has brought rows to the host (every `lag` = 64 commits by default, and at
+    each checkpoint save), at the loop's end, at Ctrl-C and at `close()` (by
+    hand, every `every` calls). A SIGKILL loses at most the rows since the last
+    batch. Each row is one event holding all its scalars.
+
+    One writer per `logdir` at a time: a second `ciclo.tensorboard` on the same
+    `logdir` while the first writes (in a running loop, or by hand from its first
+    call to its `close()`) is an error naming both, since each event file starts with a
+    restart marker and TensorBoard would hide one's points. Give each its own
+    `logdir` (`runs/train`, `runs/eval`), or one writer with `prefix`.
 
     Across interruptions each step is in TensorBoard once: the writer's event file
     starts with a restart marker at the step its loop starts from (what
@@ -57,12 +77,16 @@ class tensorboard(Writer):
             dict from a test name to its prefix, `""` for the other entries:
             `{"": "train/", "test": "val/"}` writes `loss` as `train/loss` and
             `loss_test` as `val/loss`.
-        max_pending: at most this many rows wait for the device.
+        max_pending: kept for compatibility (the history bounds the rows that
+            wait for the device).
+        every: used by hand, the rows between two writes (see above).
         **writer_kwargs: `filename_suffix` of the event files; the rest is passed to
             the `tensorboardX.SummaryWriter` that writes `hparams`.
 
     Raises:
         ImportError: if tensorboardX is not installed ("install ciclo[tensorboard]").
+        ValueError: (when its loop starts or it first writes) if another
+            `ciclo.tensorboard` of this process writes to the same `logdir`.
 
     Example:
         >>> import os, tempfile, ciclo
@@ -83,16 +107,17 @@ class tensorboard(Writer):
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
         prefix: str | Mapping[str, str] | None = None,
         max_pending: int = 256,
+        every: int = 32,
         **writer_kwargs: Any,
     ):
         try:
             import tensorboardX
             from tensorboardX import event_file_writer
-            from tensorboardX.proto import event_pb2
-            from tensorboardX.summary import scalar
+            from tensorboardX.proto import event_pb2, summary_pb2
+            from tensorboardX.record_writer import masked_crc32c
         except ImportError:
             raise missing("tensorboard", "tensorboardX", "tensorboard") from None
-        super().__init__(collections=collections, max_pending=max_pending)
+        super().__init__(collections=collections, max_pending=max_pending, every=every)
         if not isinstance(logdir, str | os.PathLike):
             raise TypeError(f"`logdir` must be a path, got {logdir!r}.")
         if hparams is not None and not isinstance(hparams, Mapping):
@@ -100,18 +125,55 @@ class tensorboard(Writer):
         self.logdir = os.fspath(logdir)
         self.hparams = dict(hparams) if hparams else None
         self._module, self._files = tensorboardX, event_file_writer
-        self._proto, self._scalar = event_pb2, scalar
+        self._proto, self._summary = event_pb2, summary_pb2.Summary
+        self._crc = masked_crc32c
+        self._prefixes: dict[str, bytes] = {}  # entry name -> encoded tag
+        caller = sys._getframe(1)
+        self._made = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         self._suffix = str(writer_kwargs.pop("filename_suffix", "") or "")
         self._kwargs = writer_kwargs
         self._tags = Tags(prefix, "tensorboard")
         self._events: Any = None
         self._last: dict[str, float] = {}
 
+    def __repr__(self) -> str:
+        return f"ciclo.tensorboard({self.logdir!r}) made at {self._made}"
+
+    def _claim(self) -> None:
+        """Registers this writer as the one writing to its logdir; an error naming
+        both if another one is."""
+        key = os.path.realpath(self.logdir)
+        other = _WRITING.get(key)
+        if other is not None and other is not self:
+            raise ValueError(
+                f"Two TensorBoard writers on one logdir: {self!r} and {other!r}, "
+                f"which is still writing there. Each event file starts with a "
+                f"restart marker, so TensorBoard would hide one writer's points. "
+                f"Use one writer per logdir (e.g. {self.logdir}/train and "
+                f"{self.logdir}/eval), one writer with `prefix=`, or close() the "
+                f"first before the second starts."
+            )
+        _WRITING[key] = self
+
+    def _release(self) -> None:
+        key = os.path.realpath(self.logdir)
+        if _WRITING.get(key) is self:
+            del _WRITING[key]
+
+    def __loop_start__(self, elapsed: Any) -> None:
+        super().__loop_start__(elapsed)
+        self._claim()
+
+    def __call__(self, elapsed: Any, logs: Any = None) -> None:
+        self._claim()  # by hand: from the first call to `close()`
+        super().__call__(elapsed, logs)
+
     def _write(self, rows: list[Row]) -> None:
         if not rows:
             return
         events = self._events
         if events is None:  # an event file of its own (a resumed run: a new one)
+            self._claim()
             os.makedirs(self.logdir, exist_ok=True)
             suffix = f".{os.getpid()}.{next(_FILES)}{self._suffix}"
             events = self._events = self._files.EventsWriter(
@@ -128,20 +190,71 @@ class tensorboard(Writer):
                         ),
                     )
                 )
-        tags, scalar, event = self._tags, self._scalar, self._proto.Event
+        file = _file_of(events)
+        if file is not None:  # the rows' records encoded here, one write
+            file.write(self._records(rows))
+        else:  # another tensorboardX layout: an event proto per row
+            self._write_events(events, rows)
+        self.rows_written += len(rows)
+        _flush(events)  # to the OS now: a killed process keeps its rows
+
+    def _records(self, rows: list[Row]) -> bytes:
+        """The TFRecord-framed `Event`s of `rows` (each a `Summary` of its
+        scalars, `simple_value`), encoded directly: what `write_event` writes,
+        without a proto object per value."""
+        tags, prefixes, last = self._tags, self._prefixes, self._last
+        crc, pack = self._crc, struct.pack
+        wall = b"\x09" + pack("<d", time.time())  # Event.wall_time
+        out = []
+        for row in rows:
+            values = []
+            for name, value in row.entries.items():
+                prefix = prefixes.get(name)
+                if prefix is None:  # Summary.Value: tag (1), simple_value (2)
+                    tag = tags(name).encode()
+                    prefix = prefixes[name] = (
+                        b"\x0a" + _varint(len(tag)) + tag + b"\x15"
+                    )
+                value_bytes = prefix + _float32(value)
+                values.append(b"\x0a" + _varint(len(value_bytes)) + value_bytes)
+                last[tags(name)] = value
+            if not values:
+                continue
+            body = b"".join(values)  # Summary.value (1), each length-delimited
+            event = (
+                wall
+                + b"\x10"  # Event.step
+                + _varint(row.completed)
+                + b"\x2a"  # Event.summary
+                + _varint(len(body))
+                + body
+            )
+            header = pack("<Q", len(event))
+            out.append(
+                header + pack("<I", crc(header)) + event + pack("<I", crc(event))
+            )
+        return b"".join(out)
+
+    def _write_events(self, events: Any, rows: list[Row]) -> None:
+        tags, event, last = self._tags, self._proto.Event, self._last
+        summary, value_of = self._summary, self._summary.Value
         now = time.time()
         for row in rows:
+            values = []
             for name, value in row.entries.items():
                 tag = tags(name)
+                values.append(value_of(tag=tag, simple_value=value))
+                last[tag] = value
+            if values:
                 events.write_event(
-                    event(wall_time=now, step=row.completed, summary=scalar(tag, value))
+                    event(
+                        wall_time=now, step=row.completed, summary=summary(value=values)
+                    )
                 )
-                self._last[tag] = value
-            self.rows_written += 1
-        events.flush()  # on disk (the OS's) now: a killed run keeps its rows
 
     def _close(self) -> None:
         events, self._events = self._events, None
+        self._release()
         if events is None:
             return
         try:
@@ -157,3 +270,44 @@ class tensorboard(Writer):
                     writer.close()
         finally:
             events.close()
+
+
+def _file_of(events: Any) -> Any:
+    """The local file tensorboardX's `EventsWriter` writes to, or None (another
+    layout, or a remote file)."""
+    writer = getattr(events, "_py_recordio_writer", None)
+    file = getattr(writer, "_writer", None)
+    if type(writer).__name__ != "RecordWriter" or not hasattr(file, "fileno"):
+        return None
+    return file
+
+
+def _flush(events: Any) -> None:
+    """The event file's buffer to the OS, without tensorboardX's fsync (which costs
+    milliseconds; a killed process loses nothing the OS has)."""
+    file = _file_of(events)
+    if file is not None:
+        file.flush()
+    else:  # another tensorboardX layout: its own flush
+        events.flush()
+
+
+def _varint(n: int) -> bytes:
+    """A non-negative int as a protobuf varint."""
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _float32(value: float) -> bytes:
+    """`value` as a little-endian float32 (out of range: an infinity, as a proto
+    float field stores it)."""
+    try:
+        return struct.pack("<f", value)
+    except OverflowError:
+        return struct.pack("<f", math.copysign(math.inf, value))

@@ -49,7 +49,11 @@ class wandb_logger(Writer):
         prefix: None (bare names), a prefix for every key (`"train/"`), or a dict
             from a test name to its prefix (`{"": "train/", "test": "val/"}`
             logs `loss_test` as `val/loss`), as `ciclo.tensorboard`'s.
-        max_pending: at most this many rows wait for the device.
+        max_pending: kept for compatibility (the history bounds the rows that
+            wait for the device).
+        every: used by hand, the rows between two writes (in a loop, rows are
+            written when the loop's history brings them to the host, at its end,
+            Ctrl-C and `close()`); never one write per step.
         **init_kwargs: passed to `wandb.init` when `run` is None.
 
     Raises:
@@ -72,13 +76,14 @@ class wandb_logger(Writer):
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
         prefix: str | Mapping[str, str] | None = None,
         max_pending: int = 256,
+        every: int = 32,
         **init_kwargs: Any,
     ):
         try:
             import wandb
         except ImportError:
             raise missing("wandb_logger", "wandb", "wandb") from None
-        super().__init__(collections=collections, max_pending=max_pending)
+        super().__init__(collections=collections, max_pending=max_pending, every=every)
         if run is not None and init_kwargs:
             raise TypeError(
                 f"wandb_logger: pass either a `run` or wandb.init arguments "

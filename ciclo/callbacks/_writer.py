@@ -2,31 +2,46 @@
 `wandb_logger`) share.
 
 The protocol (loop element, self-registration on `on_train_batch_end`,
-`__loop_callback__`, `__loop_end__`, the by-hand call and `close()`), and the lagged
-reading: a row keeps references to the step's device values and is written once
-`LaggedQueue` finds them computed, so a writer never makes the host wait for the
-device during training. Subclasses only write: `_write(rows)` and `_close()`.
+`__loop_callback__`, `__loop_end__`, the by-hand call and `close()`), and where
+rows come from: the loop's `History`, the run's one device-to-host stream. A call
+only notes which batch the writer fired at (its row index in the history, its
+step and its number of steps: a fused call's rows are all written); the values
+are read from the history once it has brought them to the host (its lagged
+transfer, every `lag` commits, or a read's flush such as a checkpoint's save), so
+a writer makes no transfer of its own and never makes the host wait. Used by
+hand, a writer commits to a History of its own (`lag = every`), read the same
+way. Subclasses only write: `_write(rows)` and `_close()`.
 
-Rows use the loop's `elapsed` BEFORE the batch, as `History` does, so a writer's
-rows equal the history's; each row also carries `completed`, the number of steps
-completed once its batch ran (`steps + 1`; for the row `on_end` logs after the
-last batch, `steps`), the step TensorBoard and W&B plot it at, as Keras, clu and
-Jaxloop do.
+Rows are written in batches, never one per step: when the history hands over
+rows (every few tens of steps), at the loop's end, at Ctrl-C and at `close()`,
+each batch written and flushed once. After a checkpoint's save (the history then
+has every committed row on the host) the writer also writes, at its next call,
+the rows of the batch the checkpoint saved (their values are computed: the save
+waited for them). So a SIGKILL loses at most the rows since the history's last
+handover (up to about `2 * lag` = 128 steps by default, more while the device runs
+far behind), never a row below a checkpoint the run finished saving a batch
+before.
+
+Rows use the loop's `elapsed` BEFORE the batch, as `History` does, and are the
+history's rows at the steps the writer's schedule fired at; each row also carries
+`completed`, the number of steps completed once its batch ran (`steps + 1`; for
+the row `on_end` logs after the last batch, `steps`), the step TensorBoard and W&B
+plot it at, as Keras, clu and Jaxloop do.
 
 Across interruptions a writer holds each committed step once. The loop tells it,
 before the first batch, where it starts (`__loop_start__(elapsed)`: after a resume,
 the restored checkpoint's step S); the first write of a writer object then keeps
 what an earlier run wrote below S and drops what it wrote from S on (the steps a
 crashed run logged after its last checkpoint, which this run logs again). Used by
-hand, the first row's step stands for S. The row of the current step is held back until the next
-call (or the loop's end), so that at the end it can be completed with what was
-committed after the writer ran: entries logged by callbacks after it in the last
-step, the logs of a batch cut by Ctrl-C, the logs of `on_end`. A held row whose
-batch did not count (Ctrl-C cut it before it changed the state: the history has no
-row for it and the loop's `elapsed` excludes it) is dropped, so a loop that returns
-(normally or on Ctrl-C) leaves exactly the history's rows. A loop that raises
-leaves them plus the failing step's row as the writer saw it (e.g. the NaN loss
-that `nan_guard` stopped on), which the history does not commit.
+hand, the first row's step stands for S. At the loop's end it also writes the rows
+committed after its last call: `on_end`'s, and the last batch's when Ctrl-C cut it
+before the writer ran on it (its schedule cannot be asked); a batch its schedule
+skipped is not written (`every(4)` over 10 batches writes steps 0, 4 and 8). A
+batch Ctrl-C cut before it counted has no history row, so no writer row: a loop
+that returns (normally or on Ctrl-C) leaves exactly the history's rows at those
+steps. A loop that raises leaves them plus the failing step's row as the writer
+saw it (e.g. the NaN loss that `nan_guard` stopped on), which the history does not
+commit.
 
 Ctrl-C arriving while a writer updates its rows in a loop is deferred to the end
 of that writer's call (the loop's interrupt scope, `ciclo._interrupts`), so a row
@@ -35,13 +50,19 @@ is never lost or written twice by an interrupt landing mid-write.
 
 from __future__ import annotations
 
+import contextlib
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from ciclo._history.history import History
+from ciclo._history.transfer import to_host
 from ciclo._interrupts import DEFERRED
+from ciclo._loop.state import interrupted
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
-from ciclo.callbacks._lagged import SHOWN_COLLECTIONS, LaggedQueue
+from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
+from ciclo.callbacks._lagged import to_host as each_to_host
 from ciclo.callbacks._rows import Row, host_scalar, numeric
 
 __all__ = ["Writer", "missing"]
@@ -62,8 +83,10 @@ class Writer(LoopElement):
         collections: the collections whose single-number entries are written, by
             bare entry name (a name in several of them is written once, with the
             value of the last one listed).
-        max_pending: rows kept waiting for the device at most; past that a call
-            waits for the oldest (the device is that many steps behind).
+        max_pending: kept for compatibility: the history bounds the rows waiting
+            for the device (`4 * lag`).
+        every: by hand, rows committed between two writes (the writer's own
+            history's `lag`); in a loop the loop's history sets the cadence.
     """
 
     def __init__(
@@ -71,6 +94,7 @@ class Writer(LoopElement):
         *,
         collections: tuple[str, ...] = SHOWN_COLLECTIONS,
         max_pending: int = 256,
+        every: int = 32,
     ):
         if isinstance(collections, str) or not all(
             isinstance(c, str) for c in collections
@@ -79,10 +103,23 @@ class Writer(LoopElement):
                 f"`collections` must be a tuple of collection names such as "
                 f"('losses', 'metrics'), got {collections!r}."
             )
+        for name, value, least in (
+            ("max_pending", max_pending, 0),
+            ("every", every, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"`{name}` must be an int (rows), got {value!r}.")
+            if value < least:
+                raise ValueError(f"`{name}` must be >= {least}, got {value}.")
         self.collections = tuple(collections)
-        self._queue = LaggedQueue(max_pending)
-        self._held: Row | None = None
-        self._mark: tuple[Any, int] | None = None  # (history, index of held row)
+        self.max_pending, self.every = max_pending, every
+        self._history: History | None = None  # the stream the marks point into
+        self._own: History | None = None  # by hand: the writer's own history
+        # batches fired at, not written yet: (row index, step, steps in the batch)
+        self._marks: deque[tuple[int, int, int]] = deque()
+        self._seen_at: Any = None  # (elapsed, logs) the writer saw at its last call
+        self._seen = 0  # the history's `on_host` at the last call
+        self._catch_up = 0  # rows to fetch at the next call (after a save)
         self._start: int | None = None  # the step the first loop starts from
         self._opened = False  # wrote before: later loops continue the output
         self.rows_written = 0
@@ -135,110 +172,185 @@ class Writer(LoopElement):
     ) -> None:
         """Writes one row by hand: `elapsed` as `ciclo.elapse` gave it with the
         batch (the row's step, as in `History`), and that step's logs. Rows are
-        written lagged; call `close()` at the end to write the rest and close."""
-        entries = self._entries(logs)
-        if entries:
-            self._push(Row.of(elapsed, entries))
-        self._write_ready()
+        written in batches, once on the host; call `close()` at the end to write
+        the rest and close."""
+        own = self._own
+        if own is None:
+            own = self._own = History(lag=self.every)
+        if self._history is not own:
+            self._follow(own)
+        self._marks.append((len(own), int(elapsed.steps), 1))
+        own.commit(elapsed, logs if logs else {})
+        if own.on_host != self._seen:
+            self._seen = own.on_host
+            self._write_marks(self._seen)
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+    def __loop_callback__(self, loop_state: Any) -> None:
+        # returns None (no logs, no state): the loop's cheapest output to apply
         with DEFERRED:  # Ctrl-C during the call: raised as it ends
-            if self._held is not None and self._held.entries:
-                self._push(self._held)
-            self._held = Row.of(loop_state.elapsed, self._entries(loop_state.logs))
-            self._mark = (loop_state.history, len(loop_state.history))
-            self._write_ready()
-        return None, None
+            history = loop_state.history
+            if history is not self._history:
+                self._follow(history)
+            index, steps = len(history), loop_state.elapsed.steps
+            n = loop_state.elapsed_after.steps - steps
+            self._marks.append((index, steps, n))
+            self._seen_at = (loop_state.elapsed, loop_state.logs)
+            on_host = history.on_host
+            if self._catch_up:  # a checkpoint saved the last batch: its rows now
+                history.fetch(self._catch_up)  # computed (the save waited)
+                self._catch_up = 0
+                on_host = history.on_host
+            if on_host != self._seen:
+                if on_host == index and self._seen < on_host:
+                    # every committed row was fetched (a checkpoint's save): the
+                    # rows of this batch too, at the next call
+                    self._catch_up = index + n
+                self._seen = on_host
+                self._write_marks(on_host)
 
     def __loop_end__(self, loop_state: Any) -> None:
         """Writes every remaining row (waiting for the device once) and closes, on
         every exit path of the loop (its end, Ctrl-C, an error)."""
         try:
-            for row in self._completed(loop_state):
-                if row.entries:
-                    self._push(row)
+            rows = self._final_rows(loop_state)
+            if rows:
+                self._write(rows)
         finally:
-            self._held = self._mark = None
+            self._marks.clear()
+            self._history = self._seen_at = None
+            self._seen = self._catch_up = 0
             self.close()
 
-    def _completed(self, loop_state: Any) -> list[Row]:
-        """The rows the history committed from the held one on: the held row
-        completed from the history when its batch was committed, and the rows
-        committed after it at the end of the loop (the last batch when the writer
-        did not run on it, `on_end`).
-
-        The held batch counts when its step is below the loop's `elapsed_after`
-        (the count the loop returns; when it raises, the count with the failing
-        batch). One that Ctrl-C cut before it counted left no history row, so the
-        writer writes none (a row at that step is `on_end`'s, written as its own);
-        the failing batch of a loop that raises is written as the writer saw it."""
-        held, mark = self._held, self._mark
-        if held is None or mark is None:
-            return []
-        history, index = mark
-        counted = held.steps < int(loop_state.elapsed_after.steps)
-        if history is not loop_state.history:  # another loop's: as the writer saw it
-            return [held]
-        if len(history) <= index:  # nothing committed since the writer's call
-            return [held] if counted else []
-        try:
-            tail = history[index:]  # one transfer, at the end
-        except Exception:  # a failed device value: keep what the writer saw
-            return [held] if counted else []
-        rows = []
-        final = int(loop_state.elapsed.steps)
-        last = final - 1
-        for i, logs in enumerate(tail):
-            elapsed = logs.get("elapsed", {})
-            steps = int(elapsed.get("steps", -1))
-            if i == 0 and counted and steps == held.steps:
-                held.entries.update(self._entries(logs))
-                rows.append(held)
-            elif steps >= held.steps and steps >= last:
-                rows.append(
-                    Row(
-                        steps,
-                        int(elapsed.get("samples", 0)),
-                        float(elapsed.get("time", 0.0)),
-                        self._entries(logs),
-                        # `on_end`'s row comes after the last batch: nothing more
-                        # completed than its step counts
-                        steps if steps >= final else steps + 1,
-                    )
-                )
-        return rows
-
     def close(self) -> None:
-        """Writes every queued row (waiting for the device) and closes the output;
+        """Writes every waiting row (waiting for the device) and closes the output;
         the next call opens it again (appending)."""
         try:
-            self._write(self._host_rows(self._queue.drain()))
+            history = self._history
+            if history is not None and self._marks:
+                history.fetch()
+                self._write_marks(history.on_host)
         finally:
-            self._queue.clear()
+            self._marks.clear()
+            self._own = self._history = None
+            self._seen = 0
             self._close()
 
-    # -- internals ----------------------------------------------------------------
-    def _push(self, row: Row) -> None:
-        names = list(row.entries)
-        self._queue.push((row, names), [row.entries[n] for n in names])
+    # -- reading the history ---------------------------------------------------------
+    def _follow(self, history: History) -> None:
+        """Reads `history` from now on (the rows noted in another are written
+        first)."""
+        previous = self._history
+        if previous is not None and self._marks:
+            previous.fetch()
+            self._write_marks(previous.on_host)
+            self._marks.clear()
+        self._history, self._seen, self._catch_up = history, history.on_host, 0
 
-    def _write_ready(self) -> None:
-        if len(self._queue):
-            ready = self._queue.pop_ready()
-            if ready:
-                self._write(self._host_rows(ready))
+    def _write_marks(self, on_host: int) -> None:
+        """Writes the rows of the noted batches that are on the host."""
+        marks = self._marks
+        if not marks or marks[0][0] + marks[0][2] > on_host:
+            return
+        ready = []
+        while marks and marks[0][0] + marks[0][2] <= on_host:
+            ready.append(marks.popleft())
+        last = ready[-1]
+        rows = self._rows_of(ready, ready[0][0], last[0] + last[2])
+        if rows:
+            self._write(rows)
 
-    @staticmethod
-    def _host_rows(items: list[tuple[Any, list[Any]]]) -> list[Row]:
-        rows = []
-        for (row, names), values in items:
-            entries = {}
-            for name, value in zip(names, values):
-                number = host_scalar(value)
-                if number is not None:
-                    entries[name] = number
-            rows.append(Row(row.steps, row.samples, row.time, entries, row.completed))
+    def _rows_of(
+        self,
+        marks: list[tuple[int, int, int]],
+        start: int,
+        stop: int,
+        after: int | None = None,
+    ) -> list[Row]:
+        """The history's host rows `start` to `stop` of the batches in `marks` (a
+        batch's rows: from its mark's index, at steps within its steps); with
+        `after`, also the other rows at steps from `after` on."""
+        assert self._history is not None
+        host = self._history.host_rows(start, stop, self.collections)
+        rows, j, count = [], 0, len(marks)
+        for i, (steps, samples, time, entries) in enumerate(host):
+            index = start + i
+            while j < count and marks[j][0] + marks[j][2] <= index:
+                j += 1  # past that batch's rows
+            fired = (
+                j < count
+                and marks[j][0] <= index
+                and marks[j][1] <= steps < marks[j][1] + marks[j][2]
+            )
+            if not fired and (after is None or steps < after):
+                continue
+            numbers = {}
+            for name, value in entries.items():
+                kind = type(value)  # the history's scalars: Python numbers
+                if kind is float or kind is int:
+                    numbers[name] = value
+                else:
+                    number = host_scalar(value)
+                    if number is not None:
+                        numbers[name] = number
+            if numbers:
+                rows.append(Row(steps, samples, time, numbers))
         return rows
+
+    def _final_rows(self, loop_state: Any) -> list[Row]:
+        """At the loop's end: the rows of the noted batches and, after the last
+        one, `on_end`'s rows and the last batch's when Ctrl-C cut it before the
+        writer ran on it; a failing batch's row as the writer saw it.
+
+        The last noted batch counts when its step is below the loop's
+        `elapsed_after` (the count the loop returns; when it raises, the count
+        with the failing batch). One that Ctrl-C cut before it counted left no
+        history row (a row at its step is `on_end`'s, written as its own)."""
+        history, marks = self._history, list(self._marks)
+        self._marks.clear()
+        if history is None or not marks:
+            return []
+        held = marks[-1]
+        counted = held[1] < int(loop_state.elapsed_after.steps)
+        if not counted:
+            marks.pop()
+        final = int(loop_state.elapsed.steps)
+        # after the last call: `on_end`'s rows (from `final` on), and the last
+        # batch's only when Ctrl-C cut it before the writer ran
+        after = max(final - 1 if interrupted(loop_state) else final, held[1])
+        with contextlib.suppress(Exception):  # a failed value: the rows on the host
+            history.fetch()  # one wait, at the end
+        start = marks[0][0] if marks else held[0]
+        rows = self._rows_of(marks, start, len(history), after)
+        if counted and not any(row.steps == held[1] for row in rows):
+            seen = self._seen_row()  # not in the history: the loop raised there
+            if seen is not None:
+                rows.append(seen)
+                rows.sort(key=lambda row: row.steps)
+        for row in rows:
+            if row.steps >= final:  # `on_end`'s row: after the last batch
+                row.completed = row.steps
+        return rows
+
+    def _seen_row(self) -> Row | None:
+        """The row of the last batch as the writer saw it (its logs, made host
+        values), for a batch the history did not commit."""
+        if self._seen_at is None:
+            return None
+        elapsed, logs = self._seen_at
+        entries = self._entries(logs)
+        if not entries:
+            return None
+        values = list(entries.values())
+        try:
+            host = to_host(values)
+        except Exception:  # a failed or deleted value: only it is lost
+            host = each_to_host(values)
+        numbers = {}
+        for name, value in zip(entries, host, strict=True):
+            number = host_scalar(value)
+            if number is not None:
+                numbers[name] = number
+        return Row.of(elapsed, numbers) if numbers else None
 
     # -- output (subclasses) --------------------------------------------------------
     def _write(self, rows: list[Row]) -> None:
