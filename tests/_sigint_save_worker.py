@@ -4,8 +4,9 @@ Each try runs `ciclo.loop` with a checkpoint after its first batch (step 1, in a
 200-step loop whose later steps wait 1 ms, so that the interrupt lands in the loop) into its own
 folder of DIR, and sends this process a real SIGINT at the start of that save: an
 even try from inside orbax's `CheckpointManager.save` as it is entered, an odd try
-from a timer armed just before the checkpoint's call, after 0.2-4 ms (ciclo's
-preparation of the save or orbax's start); tries from the 21st on send it as the
+from a timer armed as the checkpoint's call begins, after 0.2-4 ms (ciclo's
+preparation of the save or orbax's start; armed inside the call, so that a loaded
+machine cannot fire it before the save was asked for); tries from the 21st on send it as the
 loop's end waits for the save (`wait_until_finished`). Prints one JSON line per try: the step
 the loop returned at, the steps of the folder, and the step `ciclo.restore` reads
 with whether its state is the one trained to that step.
@@ -29,7 +30,7 @@ import ciclo
 directory, tries = sys.argv[1], int(sys.argv[2])
 START = 20  # the tries from this one on: Ctrl-C as the loop's end waits instead
 ORIGINAL = ocp.CheckpointManager.save
-armed = {"enter": False, "wait": False}
+armed = {"enter": False, "wait": False, "timer": None}
 
 
 def interrupt() -> None:
@@ -70,7 +71,7 @@ def arming(i):
         if i % 2 == 0:
             armed["enter"] = True
         else:
-            threading.Timer(0.0002 * i, interrupt).start()
+            armed["timer"] = 0.0002 * i
 
     return arm
 
@@ -82,6 +83,22 @@ def arm_end():
 for i in range(tries):
     folder = os.path.join(directory, str(i))
     ckpt = ciclo.checkpoint(folder)
+    call = ckpt.__loop_callback__
+    entered = threading.Event()
+
+    def timer(delay, entered=entered):
+        entered.wait()  # the save is asked for from here on
+        time.sleep(delay)
+        interrupt()
+
+    def timed_call(loop_state, call=call, entered=entered):
+        delay, armed["timer"] = armed["timer"], None
+        if delay is not None:  # a thread already running: nothing to wait for here
+            threading.Thread(target=timer, args=(delay,), daemon=True).start()
+            entered.set()
+        return call(loop_state)
+
+    ckpt.__loop_callback__ = timed_call
     arm = arming(i)
     init = {"w": jnp.zeros(4), "ballast": jnp.zeros((256, 256))}
     _, _, elapsed = ciclo.loop(

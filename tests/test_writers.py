@@ -183,7 +183,7 @@ def test_csv_logger_signature_is_explicit_and_matches_jsonl_logger():
     import inspect
 
     csv_params = inspect.signature(ciclo.csv_logger).parameters
-    assert list(csv_params) == ["path", "append", "collections", "max_pending"]
+    assert list(csv_params) == ["path", "append", "collections", "max_pending", "every"]
     assert not any(p.kind is p.VAR_KEYWORD for p in csv_params.values())
     jsonl_params = inspect.signature(ciclo.jsonl_logger).parameters
     assert [(p.name, p.kind, p.default) for p in csv_params.values()] == [

@@ -154,7 +154,8 @@ class Run:
         deferred to the commit of a batch that counts run then (its
         checkpoint); those of one that does not are dropped."""
         if not self.in_batch:
-            self.ls._after_commit.clear()
+            if self.ls._after_commit:  # committed, its saves not started yet
+                self.after_commit()
             return
         ls = self.ls
         counted = self.done or ls.state is not self.state
