@@ -111,6 +111,8 @@ class Sharded(Strategy):
         self.fsdp = fsdp
         self._user_mesh = None if mesh is None else _auto(mesh)
         self._mesh: Mesh | None = self._user_mesh
+        # (mesh, axis, batch structure, leaf shapes) -> (shardings, several)
+        self._placements: dict[Any, tuple[Any, bool]] = {}
         self.collectives = ShardedCollectives(self)
 
     @property
@@ -224,29 +226,39 @@ class Sharded(Strategy):
         """`batch` with each leaf's axis `axis` split on the data axis (scalars
         replicated): in one process one `jax.device_put` of the whole tree, on
         several each process's local slice per leaf."""
-        mesh = self.mesh
+        leaves, tree = jax.tree.flatten(batch)
+        key = (self.mesh, axis, tree, tuple(np.shape(x) for x in leaves))
+        cached = self._placements.get(key)
+        if cached is None:  # once per batch structure and shapes
+            cached = self._placements[key] = self._shardings(*key)
+        shardings, several = cached
+        if not several:
+            return jax.device_put(batch, shardings)
+        placed = [
+            jax.device_put(x, sharding)
+            if not sharding.spec
+            else jax.make_array_from_process_local_data(sharding, x)
+            for x, sharding in zip(leaves, jax.tree.leaves(shardings))
+        ]
+        return jax.tree.unflatten(tree, placed)
+
+    def _shardings(
+        self, mesh: Mesh, axis: int, tree: Any, shapes: tuple[tuple[int, ...], ...]
+    ) -> tuple[Any, bool]:
+        """The sharding of each leaf (a tree like the batch's) and whether several
+        processes place their local slices; raises for a leaf that does not split."""
         replicated = NamedSharding(mesh, P())
         data = NamedSharding(mesh, P(*([None] * axis), self.data_axis))
         local = self._local_data_shards()
-        leaves, tree = jax.tree.flatten(batch)
         shardings = []
-        for x in leaves:
-            shape = np.shape(x)
+        for shape in shapes:
             if len(shape) <= axis:
                 shardings.append(replicated)
                 continue
             if shape[axis] % local:
                 raise ValueError(self._uneven(shape, axis, local))
             shardings.append(data)
-        if jax.process_count() == 1:
-            return jax.device_put(batch, jax.tree.unflatten(tree, shardings))
-        placed = [
-            jax.device_put(x, sharding)
-            if sharding is replicated
-            else jax.make_array_from_process_local_data(sharding, x)
-            for x, sharding in zip(leaves, shardings)
-        ]
-        return jax.tree.unflatten(tree, placed)
+        return jax.tree.unflatten(tree, shardings), jax.process_count() > 1
 
     def _uneven(self, shape: tuple[int, ...], axis: int, local: int) -> str:
         mesh = self.mesh
