@@ -153,8 +153,11 @@ def _jax_sync() -> Callable[[int], bool] | None:
     return multihost_utils.reached_preemption_sync_point
 
 
+_MAIN = threading.main_thread().ident  # signals reach this thread only
+
+
 def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+    return threading.get_ident() == _MAIN
 
 
 @contextlib.contextmanager
@@ -202,7 +205,7 @@ class _Deferred:
         self.installed: list[bool] = []  # the main thread's open blocks
 
     def __enter__(self) -> None:
-        if not _main_thread():  # signals reach the main thread only
+        if threading.get_ident() != _MAIN:  # signals reach the main thread only
             return
         s = _SCOPE
         own = False
@@ -213,7 +216,7 @@ class _Deferred:
         s.busy += 1
 
     def __exit__(self, *exc: Any) -> None:
-        if not _main_thread():
+        if threading.get_ident() != _MAIN:
             return
         own = self.installed.pop()
         s = _SCOPE
@@ -221,7 +224,7 @@ class _Deferred:
         if own:
             s._give_back(signal.SIGINT)
             s.installed_int = False
-        if s.busy == 0 and s.pending:
+        if s.pending and s.busy == 0:
             s.pending = False
             raise KeyboardInterrupt
 

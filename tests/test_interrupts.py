@@ -1,6 +1,6 @@
 """Ctrl-C at every point of the commit path never duplicates nor drops a row.
 
-A `sys.settrace` hook raises `KeyboardInterrupt` at the k-th line executed inside
+A `sys.settrace` hook delivers SIGINT (runs the installed handler) at the k-th line executed inside
 the loop's per-batch path (the interpreter, `History.commit` and its lagged flush
 and device transfer, `Logs.merge`, `Elapsed.update`/`update_time`, `batch_size`),
 for every k. After each interrupted run: the history's steps are exactly the
@@ -10,6 +10,7 @@ from what was returned ends with the history of an uninterrupted run.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import jax.numpy as jnp
@@ -32,7 +33,10 @@ WATCHED = {
     f.__code__
     for f in (
         _history.History.commit,
+        _history.History._append,
+        _history.History._append_steps,
         _history.History._flush,
+        _history.History._fetch_below,
         _history.History._column,
         _history.History._advance,
         _history.History._take,
@@ -62,7 +66,8 @@ WATCHED = {
 
 
 class _Interrupt:
-    """A trace hook raising KeyboardInterrupt at the `at`-th watched line."""
+    """A trace hook delivering SIGINT at the `at`-th watched line (the installed
+    handler runs there, as for a real signal)."""
 
     def __init__(self, at: int | None, within: object = None):
         self.at, self.lines, self.where, self.within = at, 0, None, within
@@ -92,7 +97,14 @@ class _Interrupt:
                 self.where = f"{frame.f_code.co_qualname}:{frame.f_lineno}"
                 sys.settrace(None)
                 frame.f_trace = None
-                raise KeyboardInterrupt
+                # what a SIGINT arriving here does: Python runs the installed
+                # handler between two bytecodes (ciclo's holds it in a deferred
+                # block and raises it as the block ends)
+                handler = signal.getsignal(signal.SIGINT)
+                if callable(handler):
+                    handler(signal.SIGINT, frame)
+                else:  # pragma: no cover - no Python handler
+                    raise KeyboardInterrupt
         return self._local
 
 

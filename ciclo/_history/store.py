@@ -17,6 +17,7 @@ from ciclo._history import transfer
 from ciclo._history.columns import Column, ElapsedColumn
 from ciclo._history.transfer import Row
 from ciclo._input.batch import Steps
+from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
 from ciclo._time import Elapsed, new_elapsed
 
@@ -49,9 +50,6 @@ class HistoryStore:
         self._started = 0  # rows below this one are on the host or in flight
         # started transfers, oldest first: (rows below `upto`, [(column, n)], transfer)
         self._in_flight: collections.deque[tuple[int, list, Any]] = collections.deque()
-        # True while a commit or flush is under way: one that is still True when
-        # the next starts was cut short (Ctrl-C), and `_heal` undoes its traces.
-        self._writing = False
         # the `LoopState` of the loop writing this history, while it runs: its
         # step's logs are logged but not committed yet (`History.collect`)
         self._live: Any = None
@@ -78,9 +76,10 @@ class HistoryStore:
         """
         if type(logs) is not Logs and not isinstance(logs, Logs):
             logs = Logs(logs)
-        if self._writing:
-            self._heal()
-        self._writing = True
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the row is whole
+            self._append(elapsed, logs)
+
+    def _append(self, elapsed: Elapsed, logs: Logs) -> None:
         declared = logs._aggregations
         if declared:
             self._declared.update(declared)
@@ -100,13 +99,9 @@ class HistoryStore:
         samples.values.append(int(elapsed.samples))
         time.values.append(float(elapsed.time))
         date.values.append(float(elapsed.date))
-        # Publishing the row is this one store: cut short before it, the entries
-        # appended above are left-overs that `_heal` removes; after it, the row
-        # is complete. So an interrupted commit leaves the row out or in, whole.
         self._rows = row = row + 1
         if row - self._started >= self.lag or row - self._fetched >= 4 * self.lag:
             self._advance()
-        self._writing = False
 
     def _column(self, collection: str, name: str) -> Column:
         """The column of an entry, registered (empty) if it is new."""
@@ -117,44 +112,6 @@ class HistoryStore:
             self._columns[(collection, name)] = column
         return column
 
-    def _heal(self) -> None:
-        """Undoes what a commit or flush cut short (by Ctrl-C) left behind.
-
-        A commit publishes its row last (`_rows += 1`): entries of an unpublished
-        row are removed. A flush appends converted values before dropping them
-        from `pending`: values converted twice are dropped from `pending`. A
-        column registered without entries is removed.
-        """
-        rows = self._rows
-        self._by_collection.clear()  # columns may be removed below
-        self._in_flight.clear()  # their values are still pending: fetched again
-        self._started = self._fetched
-        for column in self._elapsed:
-            del column.values[rows:]
-        for column in self._entries:
-            stale = 0
-            while column.rows and column.rows[-1] >= rows:
-                column.rows.pop()
-                stale += 1
-            expected = len(column.rows) - len(column.values)
-            pending = column.pending
-            if len(pending) > expected:
-                # an unpublished row's value sits at the end; values a flush
-                # already converted sit at the front
-                keep = (
-                    pending[:expected] if stale else pending[len(pending) - expected :]
-                )
-                column.pending = keep
-        empty = [key for key, c in self._columns.items() if not len(c.rows)]
-        for key in empty:
-            if key[0] != ELAPSED:
-                column = self._columns.pop(key)
-                self._entries = [c for c in self._entries if c is not column]
-        for column in self._entries:  # registered in `_entries` but not by key
-            if all(column is not c for c in self._columns.values()):
-                self._entries = [c for c in self._entries if c is not column]
-        self._writing = False
-
     def commit_steps(self, elapsed: Elapsed, steps: Steps, logs: Logs) -> None:
         """Appends the `steps.n` rows of a fused call: row `i` at `elapsed.steps + i`
         (samples likewise, each step counting `steps.samples // steps.n`) with
@@ -164,14 +121,16 @@ class HistoryStore:
         No value is sliced on the device: each stacked array is fetched once, in
         the next lagged transfer, and split on the host.
         """
-        n, rows = steps.n, steps.rows
+        n = steps.n
         if n < 1:
             return
         if not isinstance(logs, Logs):
             logs = Logs(logs)
-        if self._writing:
-            self._heal()
-        self._writing = True  # rows are published by `_rows`, as in `commit`
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the n rows are whole
+            self._append_steps(elapsed, steps, logs)
+
+    def _append_steps(self, elapsed: Elapsed, steps: Steps, logs: Logs) -> None:
+        n, rows = steps.n, steps.rows
         per_step = steps.samples // n
         in_last = {(c, name) for c, name, _ in logs.entries()}
         first = self._rows
@@ -193,10 +152,7 @@ class HistoryStore:
         last = new_elapsed(
             s0 + n - 1, m0 + (n - 1) * per_step, elapsed.date, elapsed.date_start
         )
-        # rows 0 .. n-2 are published and whole: nothing for `commit` to heal (which
-        # would drop the transfers in flight)
-        self._writing = False
-        self.commit(last, logs)
+        self._append(last, logs)
 
     def _advance(self) -> None:
         """The lagged transfer, every `lag` commits: reads the started transfers
@@ -257,14 +213,14 @@ class HistoryStore:
 
     def _flush(self, upto: int | None = None) -> None:
         """Brings the values of rows below `upto` (all by default) to the host."""
-        standalone = upto is None  # a read's flush, not a commit's
-        if standalone:
-            if self._writing:  # after an interrupted write
-                self._heal()
+        if upto is None:
             upto = self._rows
         if upto <= self._fetched:
             return
-        self._writing = True
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the values are in
+            self._fetch_below(upto)
+
+    def _fetch_below(self, upto: int) -> None:
         while self._in_flight and self._fetched < upto:
             self._complete()
         if self._fetched < upto:
@@ -277,8 +233,6 @@ class HistoryStore:
                     column.pending = column.pending[n:]
             self._fetched = upto
             self._started = max(self._started, upto)
-        if standalone:
-            self._writing = False
 
     # -- pickling (and checkpoints) ---------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

@@ -96,16 +96,17 @@ class Run:
                         break
             self.done = True
             logs = ls.logs
-            if type(batch) is Steps and batch.rows is not None:
-                self.rows = len(history)
-                history.commit_steps(current, batch, logs)
-                self.committed.merge(logs)
-            elif logs:
-                self.rows = len(history)
-                history.commit(current, logs)  # publishes the row in one store
-                self.committed.merge(logs)
-            current = self.current = after
-            self.in_batch = False
+            with DEFERRED:  # Ctrl-C meanwhile: raised once the batch has counted
+                if type(batch) is Steps and batch.rows is not None:
+                    self.rows = len(history)
+                    history.commit_steps(current, batch, logs)
+                    self.committed.merge(logs)
+                elif logs:
+                    self.rows = len(history)
+                    history.commit(current, logs)
+                    self.committed.merge(logs)
+                current = self.current = after
+                self.in_batch = False
             if ls._after_commit:
                 self.after_commit()
             if watch is not None and watch(after.steps):  # SIGTERM: stop here

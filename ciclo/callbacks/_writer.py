@@ -187,26 +187,26 @@ class Writer(LoopElement):
 
     def __loop_callback__(self, loop_state: Any) -> None:
         # returns None (no logs, no state): the loop's cheapest output to apply
-        with DEFERRED:  # Ctrl-C during the call: raised as it ends
-            history = loop_state.history
-            if history is not self._history:
-                self._follow(history)
-            index, steps = len(history), loop_state.elapsed.steps
-            n = loop_state.elapsed_after.steps - steps
-            self._marks.append((index, steps, n))
-            self._seen_at = (loop_state.elapsed, loop_state.logs)
+        history = loop_state.history
+        if history is not self._history:
+            self._follow(history)
+        index, steps = len(history), loop_state.elapsed.steps
+        self._marks.append((index, steps, loop_state.elapsed_after.steps - steps))
+        self._seen_at = (loop_state.elapsed, loop_state.logs)
+        on_host = history.on_host
+        if on_host == self._seen and not self._catch_up:
+            return  # nothing new on the host: the common step
+        if self._catch_up:  # a checkpoint saved the last batch: its rows now
+            history.fetch(self._catch_up)  # computed (the save waited)
+            self._catch_up = 0
             on_host = history.on_host
-            if self._catch_up:  # a checkpoint saved the last batch: its rows now
-                history.fetch(self._catch_up)  # computed (the save waited)
-                self._catch_up = 0
-                on_host = history.on_host
-            if on_host != self._seen:
-                if on_host == index and self._seen < on_host:
-                    # every committed row was fetched (a checkpoint's save): the
-                    # rows of this batch too, at the next call
-                    self._catch_up = index + n
-                self._seen = on_host
-                self._write_marks(on_host)
+        if on_host != self._seen:
+            if on_host == index and self._seen < on_host:
+                # every committed row was fetched (a checkpoint's save): the
+                # rows of this batch too, at the next call
+                self._catch_up = index + self._marks[-1][2]
+            self._seen = on_host
+            self._write_marks(on_host)
 
     def __loop_end__(self, loop_state: Any) -> None:
         """Writes every remaining row (waiting for the device once) and closes, on
@@ -251,13 +251,14 @@ class Writer(LoopElement):
         marks = self._marks
         if not marks or marks[0][0] + marks[0][2] > on_host:
             return
-        ready = []
-        while marks and marks[0][0] + marks[0][2] <= on_host:
-            ready.append(marks.popleft())
-        last = ready[-1]
-        rows = self._rows_of(ready, ready[0][0], last[0] + last[2])
-        if rows:
-            self._write(rows)
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the rows are written
+            ready = []
+            while marks and marks[0][0] + marks[0][2] <= on_host:
+                ready.append(marks.popleft())
+            last = ready[-1]
+            rows = self._rows_of(ready, ready[0][0], last[0] + last[2])
+            if rows:
+                self._write(rows)
 
     def _rows_of(
         self,
