@@ -121,6 +121,14 @@ class checkpoint(LoopCheckpoint):
         >>> int(state), elapsed.steps
         (12, 2)
 
+        Used by hand, a checkpoint is a context manager: the block's end closes
+        it (its saves written, the directory's lock released):
+
+        >>> with ciclo.checkpoint(tempfile.mkdtemp()) as ckpt:
+        ...     ckpt(ciclo.Elapsed.create(steps=5), jnp.array(1.0), consumed=True)
+        >>> ckpt.latest_step()
+        5
+
         Resuming in one line (here the second run continues the first):
 
         >>> directory = tempfile.mkdtemp()

@@ -241,6 +241,14 @@ class Saver:
         with DEFERRED:  # Ctrl-C meanwhile: raised once the saves are written
             self._close()
 
+    def __enter__(self) -> Saver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """`with ciclo.checkpoint(directory) as ckpt:` closes it as the block ends
+        (its saves written, the directory's lock released), however it ends."""
+        self.close()
+
     def _close(self) -> None:
         try:
             manager = self._manager
