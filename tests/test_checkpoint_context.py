@@ -23,10 +23,12 @@ def test_with_block_writes_the_saves_and_releases_the_directory(tmp_path):
 
 
 def test_with_block_closes_on_an_error(tmp_path):
-    with pytest.raises(RuntimeError, match="boom"):  # noqa: PT012
-        with ciclo.checkpoint(tmp_path, keep=3) as ckpt:
-            ckpt(ciclo.Elapsed.create(steps=1), {"w": jnp.ones(2)}, consumed=True)
-            raise RuntimeError("boom")
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        ciclo.checkpoint(tmp_path, keep=3) as ckpt,
+    ):
+        ckpt(ciclo.Elapsed.create(steps=1), {"w": jnp.ones(2)}, consumed=True)
+        raise RuntimeError("boom")
     again = ciclo.checkpoint(tmp_path, keep=3)
     again(ciclo.Elapsed.create(steps=2), {"w": jnp.ones(2)}, consumed=True)
     again.close()
