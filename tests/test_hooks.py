@@ -166,3 +166,20 @@ def test_a_hook_set_on_an_instance_is_read():
     plain.__loop_end__ = lambda loop_state: ended.append(loop_state.elapsed.steps)
     ciclo.loop(0, range(3), {ciclo.every(1): plain})
     assert ended == [3]
+
+
+def test_a_resuming_checkpoint_restores_before_the_first_loop_only(tmp_path):
+    # `resume=True` restores before the first loop the checkpoint is given to; a
+    # second loop with the same checkpoint goes on from what it is given
+    def add(state, batch):
+        return state + batch
+
+    ciclo.loop(0, range(3), {ciclo.every(1): [add, ciclo.checkpoint(tmp_path)]})
+    checkpoint = ciclo.checkpoint(tmp_path, resume=True)
+    tasks = {ciclo.every(1): [add, checkpoint]}
+    state, _, elapsed = ciclo.loop(0, lambda start: range(start, 5), tasks)
+    assert (state, elapsed.steps) == (sum(range(5)), 5)  # restored at step 3
+    state, _, elapsed = ciclo.loop(
+        1000, lambda start: range(start, 7), tasks, elapsed=elapsed
+    )
+    assert (state, elapsed.steps) == (1000 + 5 + 6, 7)  # not restored again

@@ -53,7 +53,7 @@ def uncalled(callback: Any) -> str | None:
 
     if isinstance(callback, type):
         if not (
-            hooks_of(callback).any
+            hooks_of(callback).present
             or hasattr(callback, "default_schedule")  # a loop element
             or any("__call__" in vars(k) for k in callback.__mro__[:-1])
         ):

@@ -73,7 +73,7 @@ class Hooks:
         return any(h is not None for h in hooks)
 
     @property
-    def any(self) -> bool:
+    def present(self) -> bool:
         """Whether it has any loop hook."""
         return self.call is not None or self.lifecycle or self.first
 
