@@ -25,7 +25,7 @@ from ciclo._checkpoint.restore import restore_from
 from ciclo._checkpoint.saver import Saver
 from ciclo._history.history import History
 from ciclo._interrupts import DEFERRED
-from ciclo._loop.state import after_commit
+from ciclo._loop.state import LoopState, after_commit
 from ciclo._time import Elapsed
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import logged
@@ -43,12 +43,12 @@ class LoopCheckpoint(Saver):
     _cleared: int  # rows from this step on are not checked finite yet
     _refused: tuple[int, str, int] | None  # a save not made: step, entry, its row
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[None, None]:
         with DEFERRED:  # Ctrl-C from the call on: raised once the save started
             self._save_step(loop_state)
         return None, None
 
-    def _save_step(self, loop_state: Any) -> None:
+    def _save_step(self, loop_state: LoopState) -> None:
         elapsed = loop_state.elapsed_after
         value = None
         if self.monitor is not None:  # ranked only by a value logged this step
@@ -132,7 +132,7 @@ class LoopCheckpoint(Saver):
             return state, history, elapsed
         return state, history, elapsed, data  # + the data iterator's position
 
-    def __loop_preempt__(self, loop_state: Any) -> None:
+    def __loop_preempt__(self, loop_state: LoopState) -> None:
         """The loop stops early for a preemption (SIGTERM): saves the step it
         reached (its history committed; unranked with `monitor`), unless that step
         is saved already, is the one this run resumed from, or (with a
@@ -149,7 +149,7 @@ class LoopCheckpoint(Saver):
         data = loop_state.data_state()
         self._save(elapsed, loop_state.state, None, rows, data)
 
-    def __loop_end__(self, loop_state: Any) -> None:
+    def __loop_end__(self, loop_state: LoopState) -> None:
         """Waits for the background saves (called once when the loop ends); with
         `monitor`, raises if the monitored entry was never logged in the loop.
 

@@ -34,13 +34,16 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from ciclo._input.batch import Placed, Steps
 from ciclo._input.resume import checkpointable
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 __all__ = [
     "AUTO_MIN_BYTES",
@@ -269,7 +272,7 @@ class Closer:
     def __call__(self) -> None:
         return None
 
-    def __loop_end__(self, loop_state: Any) -> None:
+    def __loop_end__(self, loop_state: LoopState) -> None:
         consumed = int(loop_state.elapsed.steps) - self.start
         for reader in self.readers:
             left = consumed

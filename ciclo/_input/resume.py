@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import inspect
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from ciclo._interrupts import preempted
 from ciclo._short import short
 from ciclo._time import Elapsed
 from ciclo._warn import warn
+
+if TYPE_CHECKING:
+    from ciclo._loop.hooks import HookTable
 
 __all__ = [
     "Start",
@@ -90,16 +93,15 @@ def data_state_from_json(obj: Any) -> Any:
     return obj
 
 
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list | tuple) else [value]
-
-
 def prepare(
-    groups: Iterable[Any], state: Any, history: History | None, elapsed: Any
+    table: HookTable,
+    groups: Iterable[Any],
+    state: Any,
+    history: History | None,
+    elapsed: Any,
 ) -> tuple[Any, History | None, Any, Start]:
-    """Runs the resume hooks of the callbacks in `groups` (lists or single ones).
+    """Runs the resume hooks, then the start hooks, of the callbacks in `groups`
+    (lists or single ones; read through the loop's `table`, then `prepared`).
 
     A hook returns None, `(state, history, elapsed)`, or with a fourth element
     the data iterator's saved state.
@@ -109,23 +111,26 @@ def prepare(
         a plain iterable dataset the restored state already consumed (0 when no
         hook restored anything), `start.data` the saved iterator state, if any.
     """
-    groups = [_as_list(group) for group in groups]
+    table.prepared = True
+    owners = table.owners(groups)
     start = Start()
-    for hook in _hooks(groups, "__loop_resume__"):
-        restored = hook(state, history, elapsed)
+    for owner, hooks in owners:
+        if hooks.resume is None:
+            continue
+        restored = hooks.resume(state, history, elapsed)
         if restored is None:
             continue
         before = 0 if elapsed is None else int(elapsed.steps)
         state, history, elapsed, *data = restored
-        owner = getattr(hook, "__self__", hook)
         source = getattr(owner, "directory", None)
         start = Start(
             max(0, int(elapsed.steps) - before),
             data[0] if data else None,
             short(owner, 80) if source is None else str(source),
         )
-    for hook in _hooks(groups, "__loop_start__"):
-        hook(elapsed)
+    for _, hooks in owners:
+        if hooks.start is not None:
+            hooks.start(elapsed)
     return state, history, elapsed, start
 
 
@@ -141,25 +146,6 @@ def nothing_left(where: str, start_at: Start, elapsed: Elapsed) -> None:
         f"fresh, pass a new directory or resume=False; to train further, give a "
         f"later `stop` (or more epochs or data)."
     )
-
-
-def _hooks(groups: list[list[Any]], name: str) -> list[Any]:
-    """The hooks `name` of the callbacks (or bound methods' owners), once each."""
-    seen: set[int] = set()
-    hooks = []
-    for group in groups:
-        for callback in group:
-            owner = (
-                callback
-                if hasattr(callback, name)
-                else getattr(callback, "__self__", None)
-            )
-            hook = getattr(owner, name, None)
-            if hook is None or id(owner) in seen:
-                continue
-            seen.add(id(owner))
-            hooks.append(hook)
-    return hooks
 
 
 def is_factory(dataset: Any) -> bool:

@@ -5,7 +5,7 @@ many of those leading positional parameters as it needs. It returns `None`, a
 `Logs`, a state, or a 2-tuple `(logs_or_None, state_or_None)`. An object with
 `__loop_callback__(loop_state)` is called that way instead, and an object with
 `__loop_end__(loop_state)` has it called once when the loop ends, on every exit
-path. A callback stops the loop by setting `loop_state.stop_iteration = True`
+path (the hooks are read by `ciclo._loop.hooks`). A callback stops the loop by setting `loop_state.stop_iteration = True`
 (after the current callback) or calling `loop_state.stop_after_batch()` (at the end
 of the current batch). `loop`, the managed steps and the Flax state all read
 callbacks through this module.
@@ -16,16 +16,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from ciclo._logs import Logs
+from ciclo._loop.hooks import hooks_of
 from ciclo._short import short
 
 __all__ = [
     "ARGUMENTS",
-    "Callback",
-    "LoopCallback",
-    "LoopEnd",
     "arity",
     "describe",
     "inject",
@@ -37,40 +35,10 @@ __all__ = [
 ARGUMENTS = ("state", "batch", "elapsed", "loop_state")
 
 
-class Callback(Protocol):
-    """`f(state, batch, elapsed, loop_state) -> None | Logs | state | (logs, state)`,
-    declaring only the leading parameters it uses."""
-
-    def __call__(self, *args: Any) -> Any: ...
-
-
-@runtime_checkable
-class LoopCallback(Protocol):
-    """An object the loop calls as `obj.__loop_callback__(loop_state)`."""
-
-    def __loop_callback__(self, loop_state: Any) -> Any: ...
-
-
-@runtime_checkable
-class LoopEnd(Protocol):
-    """An object whose `__loop_end__(loop_state)` runs once when the loop ends."""
-
-    def __loop_end__(self, loop_state: Any) -> None: ...
-
-
 def describe(obj: Any) -> str:
     """A short name for `obj` in error messages."""
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     return name if name else f"{type(obj).__name__} object"
-
-
-_HOOKS = (
-    "__loop_callback__",
-    "__loop_end__",
-    "__loop_resume__",
-    "__loop_start__",
-    "default_schedule",
-)
 
 
 def uncalled(callback: Any) -> str | None:
@@ -85,7 +53,8 @@ def uncalled(callback: Any) -> str | None:
 
     if isinstance(callback, type):
         if not (
-            any(hasattr(callback, hook) for hook in _HOOKS)
+            hooks_of(callback).present
+            or hasattr(callback, "default_schedule")  # a loop element
             or any("__call__" in vars(k) for k in callback.__mro__[:-1])
         ):
             return None

@@ -16,11 +16,12 @@ from typing import Any
 from ciclo._history.history import History
 from ciclo._input.fused import check_steps, declared_steps, fuse
 from ciclo._input.prefetch import Prefetch, check_prefetch, placer
-from ciclo._input.resume import nothing_left, position, prepare
+from ciclo._input.resume import Start, nothing_left, position, prepare
 from ciclo._interrupts import scope as interrupt_scope
 from ciclo._logs import Logs
+from ciclo._loop.hooks import HookTable
 from ciclo._loop.run import Run
-from ciclo._loop.runners import abandon, end_hooks_of, finish, make_plan, runners
+from ciclo._loop.runners import abandon, finish, make_plan, runners
 from ciclo._loop.state import LoopState, read_from
 from ciclo._loop.state import interrupted as set_interrupted
 from ciclo._period import Period, as_period
@@ -130,11 +131,41 @@ def loop(
         >>> state, elapsed.steps, history.collect("total")
         (10, 5, [0, 1, 3, 6, 10])
     """
-    plan = make_plan(tasks)
+    return run_loop(
+        HookTable(), state, dataset, tasks, stop=stop, on_start=on_start,
+        on_end=on_end, history=history, elapsed=elapsed,
+        catch_keyboard_interrupt=catch_keyboard_interrupt,
+        batch_size_fn=batch_size_fn, metadata=metadata,
+        steps_per_call=steps_per_call, prefetch=prefetch,
+    )  # fmt: skip
+
+
+def run_loop(
+    table: HookTable,
+    state: Any,
+    dataset: Iterable[Any],
+    tasks: Mapping[Any, Any],
+    *,
+    stop: int | Period | None = None,
+    on_start: Any = None,
+    on_end: Any = None,
+    history: History | None = None,
+    elapsed: Elapsed | None = None,
+    catch_keyboard_interrupt: bool = True,
+    batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
+    metadata: Any = None,
+    steps_per_call: int | None = None,
+    prefetch: int | None = None,
+) -> tuple[Any, History, Elapsed]:
+    """`loop`, its callbacks' hooks read into `table`: a predefined loop passes
+    the table it already ran the resume and start hooks of (`table.prepared`;
+    its data then starts where they put it), so they run once per loop."""
+    plan = make_plan(tasks, table)
     check_prefetch(prefetch, "ciclo.loop")
-    start = runners(on_start, "on_start")
-    end = runners(on_end, "on_end")
-    end_hooks = end_hooks_of([*tasks.values(), on_start, on_end])
+    start = runners(on_start, "on_start", table)
+    end = runners(on_end, "on_end", table)
+    groups = [*tasks.values(), on_start, on_end]
+    end_hooks = table.end_hooks(groups)
     stop_period = None if stop is None else as_period(stop, "stop")
     if history is None:
         history = History()
@@ -149,14 +180,17 @@ def loop(
             f"ciclo.restore), got {short(elapsed)} ({type(elapsed).__name__}). To "
             f"start counting at step n use ciclo.Elapsed.create(steps=n)."
         )
-    groups = [*tasks.values(), on_start, on_end]
     with interrupt_scope() as scope:
         try:  # resuming (restore, data read back) ends as the loop would
-            state, history, elapsed, start_at = prepare(groups, state, history, elapsed)
+            start_at = Start()  # prepared: the data starts where it was put
+            if not table.prepared:
+                state, history, elapsed, start_at = prepare(
+                    table, groups, state, history, elapsed
+                )
             iterator = _iterator(dataset, elapsed, start_at)
         except BaseException as error:
             reached = Elapsed.create() if elapsed is None else elapsed
-            abandon(groups, LoopState(state, None, reached, reached, history,
+            abandon(table, groups, LoopState(state, None, reached, reached, history,
                                       Logs(), metadata), error)  # fmt: skip
             if isinstance(error, KeyboardInterrupt) and catch_keyboard_interrupt:
                 return state, history, reached
@@ -164,7 +198,7 @@ def loop(
         return _run(
             scope, state, history, elapsed, iterator, plan, start, end, end_hooks,
             stop_period, steps_per_call, batch_size_fn, prefetch, metadata,
-            catch_keyboard_interrupt, groups, start_at,
+            catch_keyboard_interrupt, groups, start_at, table,
         )  # fmt: skip
 
 
@@ -185,7 +219,7 @@ def _iterator(dataset: Any, elapsed: Elapsed | None, start_at: Any) -> Any:
 def _run(
     scope, state, history, elapsed, iterator, plan, start, end, end_hooks,
     stop_period, steps_per_call, batch_size_fn, prefetch, metadata,
-    catch_keyboard_interrupt, groups, start_at,
+    catch_keyboard_interrupt, groups, start_at, table,
 ) -> tuple[Any, History, Elapsed]:  # fmt: skip
     """The batches, `on_end` and the end hooks (`loop` after its arguments)."""
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
@@ -256,7 +290,7 @@ def _run(
             history.commit(run.current, ls.logs)
         run.after_commit()  # e.g. a checkpoint in `on_end`
         if run.preempted:  # the checkpoints save the step reached (SIGTERM)
-            finish(end_hooks_of(groups, "__loop_preempt__"), ls)
+            finish(table.preempt_hooks(groups), ls)
     except BaseException as error:
         ls.error = error
         raise

@@ -1,5 +1,5 @@
 """How `loop` calls callbacks: each turned once into a runner, the task dict
-validated into a plan, and the `__loop_end__` hooks collected and run.
+validated into a plan, and the end hooks (of the loop's `HookTable`) run.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ciclo._loop.callback import arity, describe, uncalled
+from ciclo._loop.hooks import EndHook, HookTable
 from ciclo._loop.state import Apply, LoopState
 from ciclo._period import Period
 from ciclo._schedules.base import Schedule, fresh
@@ -20,7 +21,6 @@ from ciclo._short import short
 __all__ = [
     "Runner",
     "ScheduleBlame",
-    "end_hooks_of",
     "finish",
     "fired",
     "make_plan",
@@ -31,10 +31,13 @@ __all__ = [
 Runner = Callable[[LoopState], None]
 
 
-def runner(callback: Any, where: str, watch: ShapeWatch | None = None) -> Runner:
-    """Turns a callback into `run(loop_state)`, deciding once how to call it; a
-    compiled step's batches are shown to `watch` first (`ciclo._shapes`)."""
-    run = _runner(callback, where)
+def runner(
+    callback: Any, where: str, table: HookTable, watch: ShapeWatch | None = None
+) -> Runner:
+    """Turns a callback into `run(loop_state)`, deciding once how to call it (its
+    hooks read from `table`); a compiled step's batches are shown to `watch` first
+    (`ciclo._shapes`)."""
+    run = _runner(callback, where, table)
     if watch is None or not compiles_per_shape(callback):
         return run
     name = describe(callback)
@@ -47,7 +50,7 @@ def runner(callback: Any, where: str, watch: ShapeWatch | None = None) -> Runner
     return watched
 
 
-def _runner(callback: Any, where: str) -> Runner:
+def _runner(callback: Any, where: str, table: HookTable) -> Runner:
     name = uncalled(callback)
     if name is not None:
         kind = "class" if isinstance(callback, type) else "factory"
@@ -56,7 +59,7 @@ def _runner(callback: Any, where: str) -> Runner:
             f"you mean {name}(...)?"
         )
     apply = Apply(callback, where)
-    loop_callback = getattr(callback, "__loop_callback__", None)
+    loop_callback = table.of(callback).call
     if loop_callback is not None:
         run = lambda ls: apply(loop_callback(ls), ls)
         run.where = f"{where} ({describe(callback)})"
@@ -94,30 +97,17 @@ def _as_list(callbacks: Any) -> list[Any]:
 
 
 def runners(
-    callbacks: Any, where: str, watch: ShapeWatch | None = None
+    callbacks: Any, where: str, table: HookTable, watch: ShapeWatch | None = None
 ) -> list[Runner]:
     return [
-        runner(cb, f"{where}[{i}]", watch) for i, cb in enumerate(_as_list(callbacks))
+        runner(cb, f"{where}[{i}]", table, watch)
+        for i, cb in enumerate(_as_list(callbacks))
     ]
 
 
-def end_hooks_of(
-    groups: Iterable[Any], name: str = "__loop_end__"
-) -> list[Callable[[LoopState], Any]]:
-    """The `__loop_end__` hooks (or the hooks `name`, e.g. `__loop_preempt__`) of
-    every callback object (or bound method's owner), once each."""
-    seen, hooks = set(), []
-    for group in groups:
-        for cb in _as_list(group):
-            owner = cb if hasattr(cb, name) else getattr(cb, "__self__", None)
-            hook = getattr(owner, name, None)
-            if hook is not None and id(owner) not in seen:
-                seen.add(id(owner))
-                hooks.append(hook)
-    return hooks
-
-
-def make_plan(tasks: Mapping[Any, Any]) -> list[tuple[Callable[..., bool], bool, list]]:
+def make_plan(
+    tasks: Mapping[Any, Any], table: HookTable
+) -> list[tuple[Callable[..., bool], bool, list]]:
     """Validates `tasks`: (loop-private schedule, reads the loop state, runners)."""
     if not isinstance(tasks, Mapping):
         raise TypeError(
@@ -144,7 +134,7 @@ def make_plan(tasks: Mapping[Any, Any]) -> list[tuple[Callable[..., bool], bool,
             )
         after = bool(getattr(key, "reads_loop_state", False))
         where = f"Callback tasks[{key!r}]"
-        plan.append((fresh(key), after, runners(callbacks, where, watch)))
+        plan.append((fresh(key), after, runners(callbacks, where, table, watch)))
     return plan
 
 
@@ -177,7 +167,7 @@ def fired(value: Any, schedule: Any) -> bool:
     )
 
 
-def finish(hooks: list[Callable[[LoopState], Any]], ls: LoopState) -> None:
+def finish(hooks: Iterable[EndHook], ls: LoopState) -> None:
     """Runs every end hook, even after one raised (a writer still closes after a
     guard raised); the first error is raised once all ran."""
     error = None
@@ -191,11 +181,13 @@ def finish(hooks: list[Callable[[LoopState], Any]], ls: LoopState) -> None:
         raise error
 
 
-def abandon(groups: Iterable[Any], ls: LoopState, error: BaseException) -> None:
+def abandon(
+    table: HookTable, groups: Iterable[Any], ls: LoopState, error: BaseException
+) -> None:
     """Runs the end hooks of a loop ending before its first batch (an error or an
     interrupt while resuming, e.g. while the data is read back): checkpoints
     release their directory's lock, writers close. `error` goes on; a hook's own
     error does not replace it."""
     ls.error = error
     with contextlib.suppress(Exception):  # the loop's own error is the one raised
-        finish(end_hooks_of(groups), ls)
+        finish(table.end_hooks(groups), ls)

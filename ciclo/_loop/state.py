@@ -7,14 +7,17 @@ state the callback got and then taken.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
+from ciclo._history.history import History
+from ciclo._input.batch import Placed
 from ciclo._logs import Logs
 from ciclo._loop.callback import describe, split_output
+from ciclo._time import Elapsed
 from ciclo._warn import warn
 
 __all__ = [
@@ -78,19 +81,46 @@ class LoopState:
         "stopping",
     )
 
-    def __init__(self, state, batch, elapsed, elapsed_after, history, logs, metadata):
+    state: Any
+    batch: Any
+    elapsed: Elapsed
+    elapsed_after: Elapsed
+    history: History
+    logs: Logs
+    metadata: Any
+    stop_iteration: bool
+    stopping: bool  # stop_after_batch() was called
+    error: BaseException | None
+    placed: Placed | None
+    _committed: Logs
+    _borrowed: Logs | None
+    _data: Any
+    _after_commit: list[Callable[..., None]]
+    _nan_guard: Any
+    _interrupted: bool
+
+    def __init__(
+        self,
+        state: Any,
+        batch: Any,
+        elapsed: Elapsed,
+        elapsed_after: Elapsed,
+        history: History,
+        logs: Logs,
+        metadata: Any,
+    ) -> None:
         self.state, self.batch = state, batch
         self.elapsed, self.elapsed_after = elapsed, elapsed_after
         self.history, self.logs, self.metadata = history, logs, metadata
         self._committed = Logs()
         self._borrowed = None  # a callback's Logs taken as the batch's logs
         self._data = None  # the iterator the batches come from
-        self._after_commit: list[Any] = []  # run once the step's row is committed
-        self._nan_guard: Any = None  # a `nan_guard` running in this loop
+        self._after_commit = []  # run once the step's row is committed
+        self._nan_guard = None  # a `nan_guard` running in this loop
         self._interrupted = False  # Ctrl-C ended the loop (set for the end hooks)
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
-        self.error: BaseException | None = None  # what the loop is ending with
+        self.error = None  # what the loop is ending with
         # the batch's copy placed ahead by the input stage (a `ciclo._input.batch.Placed`)
         # or None; a managed step uses it instead of placing the batch again
         self.placed = None
@@ -126,7 +156,7 @@ def read_from(ls: LoopState, data: Any) -> None:
     ls._data = data
 
 
-def after_commit(ls: Any, action: Any) -> bool:
+def after_commit(ls: LoopState | Any, action: Callable[..., None]) -> bool:
     """Runs `action()` once the loop committed the current step's row (after the
     batch's last callback; a step that does not count drops it). When a later
     callback of the batch raises, `action(row=(elapsed, logs))` runs instead,

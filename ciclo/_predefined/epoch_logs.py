@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ciclo._input.batch import Steps
 from ciclo._logs import LOSSES, METRICS, Logs
 from ciclo._time import Elapsed
 from ciclo.callbacks._aggregation import Running, Spec
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 # What epoch_logs=True aggregates, and how: losses and metrics, each batch weighted
 # by its size (a smaller last batch counts for what it holds).
@@ -60,7 +63,9 @@ class EpochLogs:
             return spec.mode(collection, name, mode)
         return None
 
-    def add(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: Any) -> None:
+    def add(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ) -> None:
         """Adds this batch's entries (a device op or two each, no sync). A fused
         call's per-step rows (`Steps.rows`) count step by step; its other logs
         as one value of the call's samples."""

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo._loop.callback import registered
+from ciclo._loop.hooks import hooks_of
 from ciclo._predefined.tables import Table, resolve
 from ciclo._schedules.named import When, aliases_of
 
@@ -22,13 +23,6 @@ def as_list(value: Any) -> list[Any]:
     if value is None:
         return []
     return list(value) if isinstance(value, list | tuple) else [value]
-
-
-# A `callbacks` object with this attribute true registers, at each of its places,
-# before the other `callbacks` objects: a monitor that only adds entries to the
-# step's logs (`lr_monitor`), so the writers and bars beside it, in any order, see
-# them in the same step.
-FIRST = "__loop_register_first__"
 
 
 def register(table: Table, state: Any, tasks: Any, callbacks: Any):
@@ -60,7 +54,10 @@ def register(table: Table, state: Any, tasks: Any, callbacks: Any):
     hooks = {name: aliases_of(name) for name in table.hooks}
     for i, callback in enumerate(as_list(callbacks)):
         found = registered(callback, f"{table.loop}: callbacks[{i}]", hooks)
-        where = first if getattr(callback, FIRST, False) else later
+        # `__loop_register_first__`: a monitor that only adds entries to the step's
+        # logs (`lr_monitor`), so the writers and bars beside it, in any order, see
+        # them in the same step
+        where = first if hooks_of(callback).first else later
         for name, methods in found.items():
             where.setdefault(name, []).extend(methods)
     for name in table.hooks:

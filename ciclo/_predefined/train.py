@@ -34,7 +34,8 @@ from ciclo._input.prefetch import check_prefetch, prefetch_passes
 from ciclo._input.resume import nothing_left, prepare
 from ciclo._interrupts import scope as interrupt_scope
 from ciclo._logs import Logs
-from ciclo._loop.loop import EmptyDataWarning, loop
+from ciclo._loop.hooks import HookTable
+from ciclo._loop.loop import EmptyDataWarning, run_loop
 from ciclo._loop.runners import abandon
 from ciclo._loop.state import LoopState
 from ciclo._period import Period, as_period
@@ -183,10 +184,13 @@ def train_loop(
     check_prefetch(prefetch, "train_loop")
     named, ordinary = register(TRAIN, state, tasks, callbacks)
     groups = [*(tasks or {}).values(), *as_list(callbacks)]
+    table = HookTable()  # the loop's: its hooks read once, resume and start run once
     with interrupt_scope():  # resuming, the read back included, ends as the loop
         started = False
         try:
-            state, history, elapsed, start_at = prepare(groups, state, history, elapsed)
+            state, history, elapsed, start_at = prepare(
+                table, groups, state, history, elapsed
+            )
             if test_duration is not None and not isinstance(test_duration, Mapping):
                 as_period(test_duration, "test_duration")
             data = train_data(dataset, epochs, epoch_duration, elapsed, start_at)
@@ -234,8 +238,8 @@ def train_loop(
             started = True  # from here on `loop` ends its own way
             with warnings.catch_warnings():  # said below, the train_loop way
                 warnings.simplefilter("ignore", EmptyDataWarning)
-                result = loop(
-                    state, data, tasks, stop=stop_at, on_start=on_start,
+                result = run_loop(
+                    table, state, data, tasks, stop=stop_at, on_start=on_start,
                     on_end=on_end, history=history, elapsed=elapsed,
                     metadata=metadata,
                     catch_keyboard_interrupt=catch_keyboard_interrupt,
@@ -248,7 +252,7 @@ def train_loop(
                 raise
             reached = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
             history = history if isinstance(history, History) else History()
-            abandon(groups, LoopState(state, None, reached, reached, history,
+            abandon(table, groups, LoopState(state, None, reached, reached, history,
                                       Logs(), metadata), error)  # fmt: skip
             if isinstance(error, KeyboardInterrupt) and catch_keyboard_interrupt:
                 return state, history, reached

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule
 from ciclo._time import Elapsed
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 
 class EpochEnd(Schedule):
@@ -55,7 +58,7 @@ class EpochEnd(Schedule):
     def _indices(self, elapsed: Elapsed) -> tuple[int, ...]:
         return tuple(math.floor(getattr(elapsed, f) / n) for f, n in self._fields)
 
-    def __call__(self, loop_state: Any) -> bool:
+    def __call__(self, loop_state: LoopState) -> bool:
         after = loop_state.elapsed_after
         if after is not self._for:
             ended = self.stop is not None and self.stop.reached(after)

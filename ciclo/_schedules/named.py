@@ -5,9 +5,13 @@ Where each one runs is in `ciclo._predefined.tables`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ciclo._schedules.base import Schedule, fresh
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
+    from ciclo._time import Elapsed
 
 
 class _Composable:
@@ -342,7 +346,7 @@ class Place(Schedule):
         self.condition = None if condition is None else condition.fresh()
         self.reads_loop_state = epoch is not None or self.condition is not None
 
-    def __call__(self, elapsed_or_loop_state: Any) -> bool:
+    def __call__(self, elapsed_or_loop_state: Elapsed | LoopState) -> bool:
         x = elapsed_or_loop_state
         fires = self.epoch is None or (
             self.epoch.begins() if self.begin else self.epoch(x)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time as _time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ciclo._input.batch import batch_size
 from ciclo._period import Period
@@ -37,6 +37,9 @@ from ciclo.callbacks._progress import (
     progress,
     run_seconds,
 )
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 __all__ = ["ProgressBar"]
 
@@ -124,7 +127,7 @@ class ProgressBar(LoopElement):
         self._epoch(logs, elapsed, after)
         self._update(after)
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[None, None]:
         self._values.offer(loop_state.logs)
         if self._epoch_ended or self._summaries or self._epoch_from is None:
             self._epoch(loop_state.logs, loop_state.elapsed, loop_state.elapsed_after)
@@ -132,7 +135,7 @@ class ProgressBar(LoopElement):
             self._update(loop_state.elapsed_after)
         return None, None
 
-    def __loop_end__(self, loop_state: Any) -> None:
+    def __loop_end__(self, loop_state: LoopState) -> None:
         """Shows the final values and closes the bar (normal end, Ctrl-C, error)."""
         if not self._finished and self._open:
             # what the loop committed last, also from a batch cut short (Ctrl-C)
@@ -332,7 +335,7 @@ class _EpochEnd:
     def __init__(self, bar: ProgressBar):
         self.bar = bar
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[None, None]:
         self.bar._epoch_ended = True
         return None, None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -14,6 +14,9 @@ from ciclo._input.batch import batch_size
 from ciclo._period import Period, as_period
 from ciclo._time import Elapsed
 from ciclo.callbacks._monitor import Monitor, as_logs
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 __all__ = ["EarlyStopping", "early_stopping"]
 
@@ -143,18 +146,20 @@ class EarlyStopping:
         size = 0 if batch is None else batch_size(batch)
         return self.update(elapsed.update(size), state, value)
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[None, Any]:
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[None, Any]:
         stop, state = self._check(loop_state)
         return None, state if stop else None
 
-    def _check(self, loop_state: Any) -> tuple[bool, Any]:
+    def _check(self, loop_state: LoopState) -> tuple[bool, Any]:
         value = self.monitor.read_loop_state(loop_state)
         stop, state = self.update(loop_state.elapsed_after, loop_state.state, value)
         if stop:
             loop_state.stop_after_batch()
         return stop, state
 
-    def on_epoch_end(self, state: Any, batch: Any, elapsed: Any, loop_state: Any):
+    def on_epoch_end(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ):
         """Self-registration: checks at each epoch end of `train_loop`.
 
         It asks the loop to stop; the best state (`restore_best_weights`) is handed
@@ -164,7 +169,9 @@ class EarlyStopping:
         stop, _ = self._check(loop_state)
         self._restore_at_end = stop and self.best_state is not None
 
-    def on_train_begin(self, state: Any, batch: Any, elapsed: Any, loop_state: Any):
+    def on_train_begin(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ):
         """Self-registration: starts fresh (patience counts from the loop start)."""
         self.reset()
         self.best_elapsed = loop_state.elapsed_after

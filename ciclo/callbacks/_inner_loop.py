@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from ciclo.callbacks._aggregation import (
     Spec,
     weighted_mean,
 )
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 __all__ = ["AGGREGATIONS", "TEST_AGGREGATION", "InnerLoop", "inner_loop"]
 
@@ -176,7 +179,7 @@ class InnerLoop:
         logs = self.aggregate(history, elapsed, history._declared)
         return logs, inner_state if self.output_state else state
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[Logs, Any]:
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
         logs, state = self(loop_state.state)
         step = loop_state.logs
         clash = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +13,9 @@ import numpy as np
 from ciclo._history.transfer import explicit
 from ciclo._logs import Logs
 from ciclo.callbacks._base import LoopElement
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 __all__ = ["lr_monitor"]
 
@@ -185,6 +188,6 @@ class lr_monitor(LoopElement):
         """The logs `{"metrics": {name: learning rate}}` for `state`."""
         return Logs().add_metric(self.name, self.learning_rate(state, elapsed))
 
-    def __loop_callback__(self, loop_state: Any) -> Logs:
+    def __loop_callback__(self, loop_state: LoopState) -> Logs:
         # the logs alone (no state): the loop's fast path for a callback's output
         return self(loop_state.state, loop_state.elapsed)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from ciclo._locate import locate
 from ciclo._logs import Logs
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 __all__ = ["MODES", "Monitor", "as_logs", "logged"]
 
@@ -131,7 +134,7 @@ class Monitor:
             )
         return float(value.reshape(()))
 
-    def read_loop_state(self, loop_state: Any) -> float:
+    def read_loop_state(self, loop_state: LoopState) -> float:
         """Reads the value logged at this step (`loop_state.logs`), never a stale
         one from an earlier step.
 

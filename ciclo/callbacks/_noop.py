@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 __all__ = ["NoOp", "noop"]
 
@@ -26,7 +29,7 @@ class NoOp:
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def __loop_callback__(self, loop_state: Any) -> None:
+    def __loop_callback__(self, loop_state: LoopState) -> None:
         return None
 
     def __repr__(self) -> str:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from ciclo.callbacks._base import LoopElement
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 __all__ = ["profiler"]
 
@@ -83,7 +86,7 @@ class profiler(LoopElement):
             jax.profiler.stop_trace()
             self.traced = (self._first, step)
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[None, None]:
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[None, None]:
         self(loop_state.elapsed, loop_state.state)
         return None, None
 
@@ -95,7 +98,7 @@ class profiler(LoopElement):
                 self.start + self.steps if elapsed is None else int(elapsed.steps),
             )
 
-    def __loop_end__(self, loop_state: Any) -> None:
+    def __loop_end__(self, loop_state: LoopState) -> None:
         try:
             self.close(loop_state.state, loop_state.elapsed)
         except Exception:  # an error of the traced work surfaces elsewhere

@@ -10,11 +10,14 @@ import sys
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
 from ciclo.callbacks._rows import Row, Tags
 from ciclo.callbacks._writer import Writer, missing
+
+if TYPE_CHECKING:
+    from ciclo._time import Elapsed
 
 __all__ = ["tensorboard"]
 
@@ -160,7 +163,7 @@ class tensorboard(Writer):
         if _WRITING.get(key) is self:
             del _WRITING[key]
 
-    def __loop_start__(self, elapsed: Any) -> None:
+    def __loop_start__(self, elapsed: Elapsed | None) -> None:
         super().__loop_start__(elapsed)
         self._claim()
 

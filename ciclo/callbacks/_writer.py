@@ -58,7 +58,7 @@ from typing import Any
 from ciclo._history.history import History
 from ciclo._history.transfer import to_host
 from ciclo._interrupts import DEFERRED
-from ciclo._loop.state import interrupted
+from ciclo._loop.state import LoopState, interrupted
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
@@ -185,7 +185,7 @@ class Writer(LoopElement):
             self._seen = own.on_host
             self._write_marks(self._seen)
 
-    def __loop_callback__(self, loop_state: Any) -> None:
+    def __loop_callback__(self, loop_state: LoopState) -> None:
         # returns None (no logs, no state): the loop's cheapest output to apply
         history = loop_state.history
         if history is not self._history:
@@ -208,7 +208,7 @@ class Writer(LoopElement):
             self._seen = on_host
             self._write_marks(on_host)
 
-    def __loop_end__(self, loop_state: Any) -> None:
+    def __loop_end__(self, loop_state: LoopState) -> None:
         """Writes every remaining row (waiting for the device once) and closes, on
         every exit path of the loop (its end, Ctrl-C, an error)."""
         try:
@@ -297,7 +297,7 @@ class Writer(LoopElement):
                 rows.append(Row(steps, samples, time, numbers))
         return rows
 
-    def _final_rows(self, loop_state: Any) -> list[Row]:
+    def _final_rows(self, loop_state: LoopState) -> list[Row]:
         """At the loop's end: the rows of the noted batches and, after the last
         one, `on_end`'s rows and the last batch's when Ctrl-C cut it before the
         writer ran on it; a failing batch's row as the writer saw it.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,9 @@ from ciclo.callbacks._base import LoopElement
 from ciclo.managed._fused_steps import at_step, check_fused, fold
 from ciclo.managed._placement import compiles, pack, unpack, unpacking
 from ciclo.managed._step_logs import accumulate, grad_logs, reduce_logs, total_loss
+
+if TYPE_CHECKING:
+    from ciclo._loop.state import LoopState
 
 __all__ = ["GradsFn", "ManagedStep", "UserStep"]
 
@@ -110,7 +113,7 @@ class ManagedStep(LoopElement):
     ) -> tuple[Logs, Any]:
         return self._run(state, batch, elapsed, None)
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[Logs, Any]:
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
         """In a loop: the batch's copy placed ahead by the input stage, if any,
         comes with the loop state (`loop_state.placed`)."""
         ls = loop_state
