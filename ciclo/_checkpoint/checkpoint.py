@@ -22,7 +22,6 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from ciclo._checkpoint import orbax as _orbax
-from ciclo._checkpoint.history_item import history_json
 from ciclo._checkpoint.in_loop import LoopCheckpoint
 from ciclo._checkpoint.layout import as_items
 from ciclo._history.history import History
@@ -180,6 +179,7 @@ class checkpoint(LoopCheckpoint):
         self._resumed_from: int | None = None  # the step its resume restored
         self._cleared = 0  # rows from this step on not yet checked by a nan_guard
         self._refused: tuple[int, str, int] | None = None  # a save not made (NaN)
+        self._history_base = None  # what the next save's history builds on
 
     # -- registration -----------------------------------------------------------
     @property
@@ -272,7 +272,7 @@ class checkpoint(LoopCheckpoint):
             uncommitted = logs and not (steps and steps[-1] == elapsed.steps)
             if consumed:  # the step's row is committed before a loop returns
                 uncommitted = False
-            rows = history_json(history, (elapsed, logs) if uncommitted else None)
+            rows = (history, (elapsed, logs) if uncommitted else None, None)
         self._save(elapsed if consumed else elapsed.update(size), state, value, rows)
 
 
