@@ -268,8 +268,10 @@ class checkpoint(LoopCheckpoint):
             value = self.monitor.read(logs)
         rows = None
         if history is not None:
-            steps = history.collect("elapsed.steps")  # committed already?
-            uncommitted = logs and not (steps and steps[-1] == elapsed.steps)
+            committed = len(history) and (  # the step's row, already?
+                history[-1]["elapsed"]["steps"] == elapsed.steps
+            )
+            uncommitted = logs and not committed
             if consumed:  # the step's row is committed before a loop returns
                 uncommitted = False
             rows = (history, (elapsed, logs) if uncommitted else None, None)

@@ -217,12 +217,14 @@ def _decode(item: Any) -> Any:
     return {k: _decode(v) for k, v in data}
 
 
-def _columns_json(columns: list[tuple]) -> list[dict[str, Any]]:
+def _columns_json(columns: list[tuple], start: int, stop: int) -> list[dict[str, Any]]:
+    """The columns of rows `start` to `stop`; `"rows": "all"` for a column logged
+    in each of them."""
     return [
         {
             "collection": collection,
             "name": name,
-            "rows": _bytes(rows),
+            "rows": "all" if len(rows) == stop - start else _bytes(rows),
             "values": (
                 _bytes(values)
                 if isinstance(values, array.array)
@@ -233,18 +235,26 @@ def _columns_json(columns: list[tuple]) -> list[dict[str, Any]]:
     ]
 
 
-def _columns_from_json(saved: list[Mapping[str, Any]]) -> list[tuple]:
+def _columns_from_json(
+    saved: list[Mapping[str, Any]], start: int, stop: int
+) -> list[tuple]:
     columns = []
     for column in saved:
+        rows = column["rows"]
+        if rows == "all":
+            rows = array.array("q")
+            rows.frombytes(np.arange(start, stop, dtype=np.int64).tobytes())
+        else:
+            rows = _from_bytes(rows)
         values = column["values"]
         values = (
             [_decode(v) for v in values["list"]]
             if "list" in values
             else _from_bytes(values)
         )
-        columns.append(
-            (column["collection"], column["name"], _from_bytes(column["rows"]), values)
-        )
+        if len(rows) != len(values):
+            raise ValueError("a column of a saved history holds rows without values")
+        columns.append((column["collection"], column["name"], rows, values))
     return columns
 
 
@@ -255,7 +265,7 @@ def encode(piece: Piece) -> bytes:
             "start": piece.start,
             "stop": piece.stop,
             "elapsed": [_bytes(f) for f in piece.elapsed],
-            "columns": _columns_json(piece.columns),
+            "columns": _columns_json(piece.columns, piece.start, piece.stop),
         }
     ).encode()
 
@@ -267,11 +277,12 @@ def decode(data: bytes) -> Piece:
         ValueError: if `data` is not such a piece (damaged)."""
     try:
         item = json.loads(data)
+        start, stop = int(item["start"]), int(item["stop"])
         piece = Piece(
-            int(item["start"]),
-            int(item["stop"]),
+            start,
+            stop,
             [_from_bytes(f) for f in item["elapsed"]],
-            _columns_from_json(item["columns"]),
+            _columns_from_json(item["columns"], start, stop),
         )
     except (KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"not a piece of a saved history ({error!r})") from None
@@ -366,10 +377,11 @@ def history_from_json(item: Mapping[str, Any] | None) -> History:
     before ciclo saved it in pieces; an empty one for None)."""
     if item is None:
         return History()
+    rows = int(item["rows"])
     piece = Piece(
         0,
-        int(item["rows"]),
+        rows,
         [_from_bytes(field) for field in item["elapsed"]],
-        _columns_from_json(item["columns"]),
+        _columns_from_json(item["columns"], 0, rows),
     )
     return to_history(piece, int(item.get("lag", 64)))

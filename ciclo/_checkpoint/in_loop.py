@@ -16,7 +16,6 @@ logged in the step they are taken at (`_ranking`).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import weakref
 from typing import Any
@@ -82,9 +81,8 @@ class LoopCheckpoint(Saver):
         """Whether the rows since the previous save (and `row`, not committed)
         hold a value `guard` calls bad (then the save is not made, and said at
         the loop's end)."""
-        steps = history.collect("elapsed.steps")
-        since = bisect.bisect_left(steps, self._cleared)
-        rows = [(int(s), logs) for s, logs in zip(steps[since:], history[since:])]
+        since = history.first_row_at(self._cleared)
+        rows = [(int(logs["elapsed"]["steps"]), logs) for logs in history[since:]]
         if row is not None:
             rows.append((int(row[0].steps), row[1]))
         for step, logs in rows:

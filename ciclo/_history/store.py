@@ -262,6 +262,11 @@ class HistoryStore:
             "columns": columns,
         }
 
+    def first_row_at(self, step: int) -> int:
+        """The first row whose `elapsed.steps` is `step` or later (`len` when
+        none is; the rows are in step order). No transfer, no copy."""
+        return bisect.bisect_left(self._elapsed[0].values, step)
+
     def rows_since(self, start: int) -> dict[str, Any]:
         """The rows from `start` on as host data (the lagged values fetched first),
         in `__getstate__`'s form, plus `start`: each column's `rows` are the
