@@ -260,3 +260,22 @@ def test_a_kill_while_a_save_writes_its_history_leaves_a_resumable_directory(
     assert_same_rows(history, straight, clock=False)
     assert_same_params(state, straight_state)
     assert sorted(os.listdir(directory)) == [str(model.STEPS)]  # nothing left over
+
+
+@pytest.mark.slow
+def test_under_jax_distributed_every_process_resumes_the_history(tmp_path):
+    # two processes, a checkpoint every 2 steps: process 0 writes the history,
+    # both read it back when resuming
+    from _workers import run_processes
+
+    directory, out = tmp_path / "ckpts", tmp_path / "out"
+    worker = "_history_multihost_worker.py"
+    run_processes(worker, str(directory), "6", str(out))
+    run_processes(worker, str(directory), "10", str(out))  # resumes at 6
+    expected = [float(np.float32(sum(range(i + 1)))).hex() for i in range(10)]
+    for process in range(2):
+        with open(f"{out}.{process}.json") as f:
+            got = json.load(f)
+        assert got == {"steps": list(range(10)), "loss": expected}, process
+    assert manifest(directory, 10)["rows"] == 10
+    assert sorted(os.listdir(directory)) == ["10", "8"]

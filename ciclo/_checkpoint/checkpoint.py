@@ -2,7 +2,7 @@
 
 Each checkpoint is an orbax step directory named by `elapsed.steps` — the batches
 already trained INTO the saved state — holding the state, its `elapsed` and the
-run's history up to it (`_orbax`, `_history_item`). Saves are asynchronous (orbax
+run's history up to it (`_orbax`, `history_segments`). Saves are asynchronous (orbax
 writes in the background) and are finished before the loop returns.
 
 This module holds the public class: its arguments and what a save by hand
