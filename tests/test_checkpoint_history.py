@@ -148,6 +148,27 @@ def test_a_save_adds_only_its_new_rows(tmp_path):
         assert (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)  # one file, linked
 
 
+def test_a_checkpoint_holds_few_segments_however_its_saves_are_spaced(tmp_path):
+    # saves further and further apart, then closer and closer: each checkpoint
+    # holds at most ~log2(rows) segments, and restores every row
+    ckpt = ciclo.checkpoint(tmp_path, keep=1)
+    history = ciclo.history()
+    gaps = [1, 2, 3, 5, 8, 13, 21, 34, 21, 13, 8, 5, 3, 2, 1, 1, 1, 1, 1, 1, 1]
+    for gap in gaps:
+        for _ in range(gap):
+            e = ciclo.Elapsed.create(steps=len(history))
+            history.commit(e, ciclo.logs().add_metric("m", float(len(history))))
+        ckpt(e, {"w": jnp.int32(0)}, history=history, consumed=True)
+        ckpt.wait()
+        segments = manifest(tmp_path, int(e.steps))["segments"]
+        assert len(segments) <= np.log2(len(history)) + 1, segments
+    ckpt.close()
+    resumed = ciclo.checkpoint(tmp_path, resume=True)
+    _, back, _ = resumed.__loop_resume__({"w": jnp.int32(0)}, None, None)
+    resumed.close()
+    assert_same_rows(back, history)
+
+
 # -- by hand: values that change type ---------------------------------------------------
 def _value(i):
     """Row `i`'s entries: a column that goes int -> float -> arrays, one that

@@ -12,10 +12,12 @@ Each step folder is whole on its own: the segments it shares with the previous
 checkpoint are hard links to that checkpoint's files (copies where links are not
 possible, e.g. on `gs://`), so deleting any checkpoint (retention, `keep=`) never
 takes rows from another, and nothing outside the step folders needs collecting.
-Segments are merged as they pile up, as a binary counter: the new rows absorb the
-trailing segments that are not longer than they are (read back from the previous
-checkpoint), so a checkpoint holds about log2(saves) segments and each row is
-rewritten about log2(saves) times over a run. All of it happens in orbax's
+Segments are merged as they pile up: the new rows absorb the trailing segments
+shorter than twice them (read back from the previous checkpoint), so that each
+segment is at least twice as long as the next — a checkpoint holds at most about
+log2(rows) segments (a binary counter when saves are evenly spaced) — and a row is
+rewritten only when its segment grows 1.5 times or more: O(log rows) times over a
+run. All of it happens in orbax's
 background thread (`HistoryHandler`) while the loop trains: the loop's thread only
 copies the new rows (`history_item.snapshot`). Everything is written inside
 orbax's temporary step folder, renamed when the step is complete: a kill at any
@@ -140,16 +142,19 @@ def plan(
     process other than process 0, which writes nothing."""
     if jax.process_index() != 0:
         return None
-    usable = base is not None and base.usable(history, step, steps)
-    linked = list(base.written.segments) if usable else []  # type: ignore[union-attr,arg-type]
-    piece, tail = snapshot(history, base.rows if usable else 0, row, batch)
+    source, linked, start = None, [], 0
+    if base is not None and base.usable(history, step, steps):
+        source = directory / str(base.step) / "history"
+        linked, start = list(base.written.segments or ()), base.rows
+    piece, tail = snapshot(history, start, row, batch)
     merged: list[Segment] = []
     rows = piece.stop - piece.start
-    if rows:  # a binary counter: absorb the trailing segments not longer
-        while linked and linked[-1].rows <= rows:
-            merged.insert(0, linked.pop())
-            rows += merged[0].rows
-    source = directory / str(base.step) / "history" if usable else None  # type: ignore[union-attr]
+    # the new rows absorb the trailing segments shorter than twice them: each
+    # segment is then at least twice as long as the next (about log2(rows) of
+    # them), and a row is rewritten each time its segment grows 1.5 times or more
+    while rows and linked and linked[-1].rows < 2 * rows:
+        merged.insert(0, linked.pop())
+        rows += merged[0].rows
     return Plan(history.lag, source, linked, merged, piece, tail)
 
 
@@ -159,13 +164,14 @@ def write(plan: Plan, folder: epath.Path) -> None:
     folder) and records the segments written in `plan.written`."""
     folder.mkdir(parents=True, exist_ok=True)
     segments = []
-    for segment in plan.linked:
-        _link(plan.source / segment.file, folder / segment.file)  # type: ignore[operator]
-        segments.append(segment)
+    source = plan.source
+    if source is not None:
+        for segment in plan.linked:
+            _link(source / segment.file, folder / segment.file)
+            segments.append(segment)
     piece = plan.piece
-    if plan.merged:
-        pieces = [_read_segment(plan.source, s) for s in plan.merged]  # type: ignore[arg-type]
-        piece = join([*pieces, piece])
+    if source is not None and plan.merged:
+        piece = join([*(_read_segment(source, s) for s in plan.merged), piece])
     if piece.stop > piece.start:
         segments.append(_write_segment(folder, piece))
     committed = list(segments)
