@@ -537,5 +537,7 @@ def test_keras_bar_works_whatever_setuptools_ships(tmp_path, setuptools):
     assert control.returncode != 0 and "pkg_resources" in control.stderr
     result = python("-c", TRAIN_WITH_THE_KERAS_BAR)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "3/3 - " in result.stdout and "loss: 1.0000" in result.stdout  # plain: a pipe
+    assert (
+        "3/3 - " in result.stdout and "loss: 1.0000" in result.stdout
+    )  # plain: a pipe
     assert result.stdout.strip().endswith("trained")

@@ -2,7 +2,7 @@
 
 Each checkpoint is an orbax step directory named by `elapsed.steps` — the batches
 already trained INTO the saved state — holding the state, its `elapsed` and the
-run's history up to it (`_orbax`, `_history_item`). Saves are asynchronous (orbax
+run's history up to it (`_orbax`, `history_segments`). Saves are asynchronous (orbax
 writes in the background) and are finished before the loop returns.
 
 This module holds the public class: its arguments and what a save by hand
@@ -22,7 +22,6 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from ciclo._checkpoint import orbax as _orbax
-from ciclo._checkpoint.history_item import history_json
 from ciclo._checkpoint.in_loop import LoopCheckpoint
 from ciclo._checkpoint.layout import as_items
 from ciclo._history.history import History
@@ -188,6 +187,7 @@ class checkpoint(LoopCheckpoint):
         self._resumed_from: int | None = None  # the step its resume restored
         self._cleared = 0  # rows from this step on not yet checked by a nan_guard
         self._refused: tuple[int, str, int] | None = None  # a save not made (NaN)
+        self._history_base = None  # what the next save's history builds on
 
     # -- registration -----------------------------------------------------------
     @property
@@ -276,11 +276,13 @@ class checkpoint(LoopCheckpoint):
             value = self.monitor.read(logs)
         rows = None
         if history is not None:
-            steps = history.collect("elapsed.steps")  # committed already?
-            uncommitted = logs and not (steps and steps[-1] == elapsed.steps)
+            committed = len(history) and (  # the step's row, already?
+                history[-1]["elapsed"]["steps"] == elapsed.steps
+            )
+            uncommitted = logs and not committed
             if consumed:  # the step's row is committed before a loop returns
                 uncommitted = False
-            rows = history_json(history, (elapsed, logs) if uncommitted else None)
+            rows = (history, (elapsed, logs) if uncommitted else None, None)
         self._save(elapsed if consumed else elapsed.update(size), state, value, rows)
 
 

@@ -16,11 +16,11 @@ logged in the step they are taken at (`_ranking`).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
+import weakref
 from typing import Any
 
-from ciclo._checkpoint.history_item import history_json
+from ciclo._checkpoint.history_segments import Base, Written
 from ciclo._checkpoint.restore import restore_from
 from ciclo._checkpoint.saver import Saver
 from ciclo._history.history import History
@@ -66,13 +66,13 @@ class LoopCheckpoint(Saver):
             guard = getattr(loop_state, "_nan_guard", None)
             if guard is not None and self._nonfinite(guard, history, elapsed, row):
                 return
-            rows = history_json(history, row, None if row is None else batch)
+            rows = (history, row, None if row is None else batch)
             self._save(elapsed, state, value, rows, data)
 
         save.where = f"ciclo.checkpoint({str(self.directory)!r}) saving"
         if not after_commit(loop_state, save):  # not a loop's: save now
             # a fused call's per-step rows too (a loop commits them after the batch)
-            rows = history_json(history, (loop_state.elapsed, loop_state.logs), batch)
+            rows = (history, (loop_state.elapsed, loop_state.logs), batch)
             self._save(elapsed, state, value, rows, data)
 
     def _nonfinite(
@@ -81,9 +81,8 @@ class LoopCheckpoint(Saver):
         """Whether the rows since the previous save (and `row`, not committed)
         hold a value `guard` calls bad (then the save is not made, and said at
         the loop's end)."""
-        steps = history.collect("elapsed.steps")
-        since = bisect.bisect_left(steps, self._cleared)
-        rows = [(int(s), logs) for s, logs in zip(steps[since:], history[since:])]
+        since = history.first_row_at(self._cleared)
+        rows = [(int(logs["elapsed"]["steps"]), logs) for logs in history[since:]]
         if row is not None:
             rows.append((int(row[0].steps), row[1]))
         for step, logs in rows:
@@ -113,7 +112,7 @@ class LoopCheckpoint(Saver):
             steps = manager.all_steps()
             if not steps:
                 return None
-            state, elapsed, history, data = restore_from(
+            state, elapsed, history, data, segments = restore_from(
                 manager, state, False, None, with_history=True, fallback=True
             )
         except BaseException as error:
@@ -125,6 +124,11 @@ class LoopCheckpoint(Saver):
                     f"pass a new directory or resume=False."
                 )
             raise
+        if segments is not None:  # the next save adds to its segments
+            self._history_base = Base(
+                int(elapsed.steps), len(history), weakref.ref(history),
+                Written(segments),
+            )  # fmt: skip
         self._skipped = {s for s in steps if s > elapsed.steps}
         self._resumed_from = int(elapsed.steps)
         self._cleared = int(elapsed.steps)
@@ -145,7 +149,7 @@ class LoopCheckpoint(Saver):
         guard = getattr(loop_state, "_nan_guard", None)
         if guard is not None and self._nonfinite(guard, loop_state.history, elapsed):
             return
-        rows = history_json(loop_state.history)
+        rows = (loop_state.history, None, None)
         data = loop_state.data_state()
         self._save(elapsed, loop_state.state, None, rows, data)
 

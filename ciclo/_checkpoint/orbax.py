@@ -3,7 +3,7 @@
 A checkpoint is an orbax `CheckpointManager` step directory named by the number of
 batches trained into the state, with three items: `state` (the pytree,
 `StandardSave`; a bare array is wrapped in a one-element list), `elapsed` (JSON)
-and `history` (JSON: `_history_item`). Orbax writes a step into a temporary
+and `history` (append-only segments: `history_segments`). Orbax writes a step into a temporary
 directory and renames it when complete, so a step killed mid-write is never
 listed; its leftovers are removed by the holder of the directory's lock (`tidy`,
 on URLs by orbax).

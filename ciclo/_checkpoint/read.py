@@ -2,7 +2,8 @@
 
 `read` restores the `elapsed` item, then the `state` (into the host layout of the
 target, its saved fields only with `items`, then placed with the target's
-strategy: `_state_layout`) and the `history` item. A checkpoint that does not read
+strategy: `_state_layout`) and the `history` item (`history_segments`: its
+segments, or the whole history in one JSON in earlier checkpoints). A checkpoint that does not read
 back whole, a damaged or missing file or array bytes that differ from the
 checksums saved beside them (`_integrity`), or one saved with a history whose
 `history` item is gone, raises `Unreadable` and nothing of it is returned; a target that does not fit raises its own `ValueError` (`_fit`).
@@ -23,6 +24,7 @@ from ciclo._checkpoint import orbax as _orbax
 from ciclo._checkpoint.agree import Elsewhere, agreed, read_state
 from ciclo._checkpoint.fit import check_fits
 from ciclo._checkpoint.history_item import history_from_json
+from ciclo._checkpoint.history_segments import read_history
 from ciclo._checkpoint.layout import host_layout, put, select, strategy_of
 from ciclo._time import Elapsed
 
@@ -138,15 +140,12 @@ def _read(
         state = strategy.place_state(state)
     if not with_history:
         return state, elapsed
-    saved = None
+    segments = None
     if (folder / "history").exists():
         try:
-            saved = mngr.restore(
-                step, args=ocp.args.Composite(history=ocp.args.JsonRestore())
-            )["history"]
-            history = history_from_json(saved)
+            history, segments = read_history(folder / "history")
         except Exception as error:
             raise Unreadable(step, folder, error) from None
     else:
         history = history_from_json(None)
-    return state, elapsed, history, e.get("data")
+    return state, elapsed, history, e.get("data"), segments

@@ -29,6 +29,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from ciclo._checkpoint import faults as _faults
+from ciclo._checkpoint import history_segments as _history
 from ciclo._checkpoint import integrity as _integrity
 from ciclo._checkpoint import lock as _lock
 from ciclo._checkpoint import orbax as _orbax
@@ -62,15 +63,19 @@ class Saver:
     _pending: int | None  # the step of a save not known written yet
     _locked: bool  # holds the directory's lock
     _resume_pending: bool  # a resume is still to come before the first loop
+    _history_base: _history.Base | None  # what the next save's history builds on
 
     def _save(
         self,
         elapsed: Elapsed,
         state: Any,
         value: float | None,
-        history: dict[str, Any] | None = None,
+        history: tuple[Any, Any, Any] | None = None,
         data: Any = None,
     ) -> None:
+        """Saves `state` at `elapsed.steps`; `history`: `(history, row, batch)`,
+        the run's `History` with the step's `(elapsed, logs)` when they are not
+        committed yet (and the fused call `batch` they stand for), else None."""
         with DEFERRED:  # Ctrl-C meanwhile: raised once the save has started
             self._start_save(elapsed, state, value, history, data)
 
@@ -79,7 +84,7 @@ class Saver:
         elapsed: Elapsed,
         state: Any,
         value: float | None,
-        history: dict[str, Any] | None,
+        history: tuple[Any, Any, Any] | None,
         data: Any,
     ) -> None:
         self._resume_pending = False  # this run has its own timeline now
@@ -144,8 +149,15 @@ class Saver:
             "state": ocp.args.StandardSave([state] if wrapped else state),
             "elapsed": ocp.args.JsonSave(saved),
         }
-        if history is not None:
-            items["history"] = ocp.args.JsonSave(history)
+        plan = None
+        if history is not None:  # the rows since the previous save (`_history`)
+            rows, row, batch = history
+            plan = _history.plan(
+                self._history_base, rows, step, manager.all_steps(),
+                self.directory, row, batch,
+            )  # fmt: skip
+            items["history"] = _history.HistorySave(plan)
+        self._history_base = None  # until this save has started
         self._pending = step
         try:
             with explicit():  # orbax starts its device-to-host copies here
@@ -159,6 +171,8 @@ class Saver:
             self._failed(error)
             raise
         self._saved.add(step)
+        if plan is not None:
+            self._history_base = plan.base(step, history[0])  # type: ignore[index]
         if not self.async_save:
             self._pending = None
 
@@ -183,6 +197,7 @@ class Saver:
         """After a save failed: a full disk raises its one clear error (the partial
         step removed, the manager dropped); any other error is left to propagate."""
         step, self._pending = self._pending, None
+        self._history_base = None  # the next save writes the whole history
         if step is None or not _faults.is_disk_full(error):
             return
         manager, self._manager = self._manager, None

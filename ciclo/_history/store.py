@@ -262,6 +262,33 @@ class HistoryStore:
             "columns": columns,
         }
 
+    def first_row_at(self, step: int) -> int:
+        """The first row whose `elapsed.steps` is `step` or later (`len` when
+        none is; the rows are in step order). No transfer, no copy."""
+        return bisect.bisect_left(self._elapsed[0].values, step)
+
+    def rows_since(self, start: int) -> dict[str, Any]:
+        """The rows from `start` on as host data (the lagged values fetched first),
+        in `__getstate__`'s form, plus `start`: each column's `rows` are the
+        indices of its rows from `start` on (counted from the history's first
+        row), `elapsed` the fields of those rows. What a checkpoint adds to the
+        previous one. Copies."""
+        self._flush()
+        columns = []
+        for (collection, name), column in self._columns.items():
+            if isinstance(column, ElapsedColumn):
+                continue
+            lo = bisect.bisect_left(column.rows, start)
+            if lo < len(column.rows):
+                columns.append((collection, name, column.rows[lo:], column.values[lo:]))
+        return {
+            "lag": self.lag,
+            "start": start,
+            "rows": self._rows,
+            "elapsed": [c.values[start:] for c in self._elapsed],
+            "columns": columns,
+        }
+
     def __setstate__(self, state: Mapping[str, Any]) -> None:
         """The history `__getstate__` described (its arrays are taken, not copied)."""
         self.__init__(lag=int(state["lag"]))
