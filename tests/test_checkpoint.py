@@ -248,7 +248,7 @@ def test_an_error_after_an_unranked_save_is_not_masked(tmp_path):
 
 def test_a_save_failing_at_the_end_of_a_failing_loop_only_warns(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path)
-    close = ckpt.close
+    close = ckpt.store.close  # the part that writes the directory
 
     def failing_close():
         close()
@@ -257,14 +257,14 @@ def test_a_save_failing_at_the_end_of_a_failing_loop_only_warns(tmp_path):
     def fail(state, batch, elapsed):
         raise RuntimeError("boom")
 
-    ckpt.close = failing_close
+    ckpt.store.close = failing_close
     with (
         pytest.warns(UserWarning, match="failed while the loop was ending with Run"),
         pytest.raises(RuntimeError, match="boom") as info,
     ):
         ciclo.loop({"x": jnp.ones(())}, range(3), {ciclo.every(1): [ckpt, fail]})
     assert info.value.__context__ is None
-    del ckpt.close
+    del ckpt.store.close
     ckpt.close()
 
 

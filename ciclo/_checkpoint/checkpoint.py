@@ -6,11 +6,12 @@ run's history up to it (`_orbax`, `history_segments`). Saves are asynchronous (o
 writes in the background) and are finished before the loop returns.
 
 This module holds the public class: its arguments and what a save by hand
-records. The rest is in its bases and neighbours: writing and reading the
-directory (`_saver`: lock, manager, timeline, faults), its part in a loop
-(`_checkpoint_loop`), which checkpoints are kept (`_ranking`), the state's saved
-layout (`_state_layout`), reading back (`_restore`, `_read`), and the saves
-pending at interpreter exit (`_pending`).
+records. A checkpoint is composed of two parts: its `Store` (`saver.py`: the
+directory's lock, orbax manager, timeline, faults, resuming) and its part in the
+loops it is given to (`InLoop`, `in_loop.py`: when a save is made, resume, the
+end). Around them: which checkpoints are kept (`ranking`), the state's saved
+layout (`layout`), reading back (`restore`, `read`), and the saves pending at
+interpreter exit (`pending`).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import orbax.checkpoint as ocp
-
 from ciclo._checkpoint import orbax as _orbax
-from ciclo._checkpoint.in_loop import LoopCheckpoint
+from ciclo._checkpoint.in_loop import InLoop
 from ciclo._checkpoint.layout import as_items
+from ciclo._checkpoint.saver import Store
 from ciclo._history.history import History
 from ciclo._input.batch import batch_size
+from ciclo._loop.state import LoopState
 from ciclo._time import Elapsed
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import Monitor
@@ -33,7 +34,7 @@ from ciclo.callbacks._monitor import Monitor
 __all__ = ["checkpoint", "resuming"]
 
 
-class checkpoint(LoopCheckpoint):
+class checkpoint:
     """Saves the state and its `Elapsed` with orbax-checkpoint at each call.
 
     In `ciclo.train_loop(callbacks=[...])` it runs on `on_epoch_end`; in `ciclo.loop`
@@ -153,7 +154,7 @@ class checkpoint(LoopCheckpoint):
         resume: bool = False,
         items: str | list[str] | tuple[str, ...] | None = None,
     ):
-        self.items = as_items(items)
+        as_items(items)  # validated before anything else
         if isinstance(keep, bool) or not isinstance(keep, int):
             raise TypeError(f"`keep` must be an int, got {keep!r}.")
         if keep < 1:
@@ -161,14 +162,11 @@ class checkpoint(LoopCheckpoint):
                 f"`keep` must be >= 1 (checkpoints to keep), got {keep}; to save "
                 f"nothing, don't add a checkpoint callback."
             )
-        self.directory = _orbax.path(directory)
-        self.monitor = (
+        monitored = (
             None if monitor is None else Monitor(monitor, mode, owner="checkpoint")
         )
         if monitor is None and mode not in ("min", "max"):
             raise ValueError(f"`mode` must be 'min' or 'max'; got {mode!r}.")
-        self.keep = keep
-        self.async_save = bool(async_save)
         if not isinstance(resume, bool):
             raise TypeError(
                 f"`resume` must be True or False, got {resume!r} "
@@ -176,18 +174,37 @@ class checkpoint(LoopCheckpoint):
                 f"ciclo.checkpoint('ckpts/', resume=True)."
             )
         self.resume = resume
-        self._resume_pending = resume  # resumes once, before the first loop
-        self._manager: ocp.CheckpointManager | None = None
-        self._saved: set[int] = set()
-        self._unranked = self._fresh = False  # this loop's saves, with monitor
-        self._returned: Elapsed | None = None  # what the last loop it ran in returned
-        self._locked = False  # holds the directory's lock (one run per directory)
-        self._pending: int | None = None  # the step of a save not known written yet
-        self._skipped: set[int] = set()  # steps the resume skipped as unreadable
-        self._resumed_from: int | None = None  # the step its resume restored
-        self._cleared = 0  # rows from this step on not yet checked by a nan_guard
-        self._refused: tuple[int, str, int] | None = None  # a save not made (NaN)
-        self._history_base = None  # what the next save's history builds on
+        self.store = Store(
+            _orbax.path(directory), monitored, keep, bool(async_save),
+            as_items(items), resume,
+        )  # fmt: skip
+        self._loop = InLoop(self.store)
+
+    # -- what it was given ---------------------------------------------------------
+    @property
+    def directory(self) -> Any:
+        """The checkpoints' directory (an `etils.epath.Path`)."""
+        return self.store.directory
+
+    @property
+    def monitor(self) -> Monitor | None:
+        """The entry that ranks the checkpoints, or None."""
+        return self.store.monitor
+
+    @property
+    def keep(self) -> int:
+        """How many checkpoints are kept."""
+        return self.store.keep
+
+    @property
+    def async_save(self) -> bool:
+        """Whether saves are written in the background."""
+        return self.store.async_save
+
+    @property
+    def items(self) -> tuple[str, ...] | None:
+        """The items of the state saved (None: all of it)."""
+        return self.store.items
 
     # -- registration -----------------------------------------------------------
     @property
@@ -249,7 +266,11 @@ class checkpoint(LoopCheckpoint):
             raise TypeError(
                 f"checkpoint: `consumed` must be True or False, got {consumed!r}."
             )
-        if not consumed and self._returned is not None and elapsed is self._returned:
+        if (
+            not consumed
+            and self._loop.returned is not None
+            and elapsed is self._loop.returned
+        ):
             consumed = True
             warn(
                 f"ciclo.checkpoint: ckpt(elapsed, state) was given the `elapsed` "
@@ -283,7 +304,66 @@ class checkpoint(LoopCheckpoint):
             if consumed:  # the step's row is committed before a loop returns
                 uncommitted = False
             rows = (history, (elapsed, logs) if uncommitted else None, None)
-        self._save(elapsed if consumed else elapsed.update(size), state, value, rows)
+        self.store.save(
+            elapsed if consumed else elapsed.update(size), state, value, rows
+        )
+
+    # -- in a loop (`InLoop`) ------------------------------------------------------
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[None, None]:
+        return self._loop.call(loop_state)
+
+    def __loop_resume__(
+        self, state: Any, history: History | None, elapsed: Elapsed | None
+    ) -> tuple[Any, ...] | None:
+        """With `resume=True`, before the first loop it is given to: the state,
+        history and elapsed of the latest complete checkpoint (and the saved
+        position of a checkpointable data iterator, when there is one), or None
+        (start fresh) when the directory holds none."""
+        return self._loop.resume(state, history, elapsed)
+
+    def __loop_preempt__(self, loop_state: LoopState) -> None:
+        self._loop.preempt(loop_state)
+
+    def __loop_end__(self, loop_state: LoopState) -> None:
+        self._loop.end(loop_state)
+
+    # -- the directory (`Store`) ---------------------------------------------------
+    def wait(self) -> None:
+        """Blocks until the background saves are written (re-raises their errors)."""
+        self.store.wait()
+
+    def close(self) -> None:
+        """Waits for the saves and releases orbax's resources (reopened on use)
+        and the directory's lock."""
+        self.store.close()
+
+    def __enter__(self) -> checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """`with ciclo.checkpoint(directory) as ckpt:` closes it as the block ends
+        (its saves written, the directory's lock released), however it ends."""
+        self.store.close()
+
+    def steps(self) -> list[int]:
+        """The steps of the checkpoints in the directory (after pending saves);
+        incomplete step folders (a kill or damage left them) are not listed."""
+        return self.store.steps()
+
+    def latest_step(self) -> int | None:
+        """The step of the latest checkpoint, or None."""
+        return self.store.latest_step()
+
+    def best_step(self) -> int | None:
+        """The step of the best checkpoint by `monitor` (the latest without it)."""
+        return self.store.best_step()
+
+    def restore(
+        self, target_state: Any = None, *, best: bool = False, step: int | None = None
+    ) -> tuple[Any, Elapsed]:
+        """Restores `(state, elapsed)`: the latest checkpoint, or with `best=True`
+        the best by `monitor`. See `ciclo.restore`."""
+        return self.store.restore(target_state, best=best, step=step)
 
 
 def resuming(callbacks: list[Any], directory: str | os.PathLike) -> list[Any]:
@@ -293,6 +373,6 @@ def resuming(callbacks: list[Any], directory: str | os.PathLike) -> list[Any]:
     target = _orbax.path(directory)
     for callback in callbacks:
         if isinstance(callback, checkpoint) and callback.directory == target:
-            callback.resume = callback._resume_pending = True
+            callback.resume = callback.store.resume_pending = True
             return callbacks
     return [*callbacks, checkpoint(directory, resume=True)]

@@ -17,12 +17,9 @@ logged in the step they are taken at (`_ranking`).
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any
 
-from ciclo._checkpoint.history_segments import Base, Written
-from ciclo._checkpoint.restore import restore_from
-from ciclo._checkpoint.saver import Saver
+from ciclo._checkpoint.saver import Store
 from ciclo._history.history import History
 from ciclo._interrupts import DEFERRED
 from ciclo._loop.state import LoopState, after_commit
@@ -30,20 +27,24 @@ from ciclo._time import Elapsed
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import logged
 
-__all__ = ["LoopCheckpoint"]
+__all__ = ["InLoop"]
 
 
-class LoopCheckpoint(Saver):
-    """A `Saver` as a loop callback: the hooks `ciclo.loop` calls."""
+class InLoop:
+    """A checkpoint's part in the loops it is given to, over its `Store`: what
+    `ciclo.checkpoint`'s loop hooks do (`call`, `resume`, `preempt`, `end`)."""
 
-    _unranked: bool  # this loop saved without a fresh monitored value
-    _fresh: bool  # this loop saved with a fresh monitored value
-    _returned: Elapsed | None  # what the last loop it ran in returned
-    _resumed_from: int | None  # the step its resume restored
-    _cleared: int  # rows from this step on are not checked finite yet
-    _refused: tuple[int, str, int] | None  # a save not made: step, entry, its row
+    def __init__(self, store: Store):
+        self.store = store
+        self.unranked = False  # this loop saved without a fresh monitored value
+        self.fresh = False  # this loop saved with a fresh monitored value
+        self.returned: Elapsed | None = None  # what the last loop it ran in returned
+        self.resumed_from: int | None = None  # the step its resume restored
+        self.cleared = 0  # rows from this step on are not checked finite yet
+        # a save not made for a bad value: (step, entry, its row)
+        self.refused: tuple[int, str, int] | None = None
 
-    def __loop_callback__(self, loop_state: LoopState) -> tuple[None, None]:
+    def call(self, loop_state: LoopState) -> tuple[None, None]:
         with DEFERRED:  # Ctrl-C from the call on: raised once the save started
             self._save_step(loop_state)
         return None, None
@@ -51,12 +52,12 @@ class LoopCheckpoint(Saver):
     def _save_step(self, loop_state: LoopState) -> None:
         elapsed = loop_state.elapsed_after
         value = None
-        if self.monitor is not None:  # ranked only by a value logged this step
-            if logged(loop_state.logs, self.monitor.name):
-                value = self.monitor.read(loop_state.logs)
-                self._fresh = True
+        if self.store.monitor is not None:  # ranked only by a value logged this step
+            if logged(loop_state.logs, self.store.monitor.name):
+                value = self.store.monitor.read(loop_state.logs)
+                self.fresh = True
             else:  # saved unranked; checked at the loop's end that it was logged
-                self._unranked = True
+                self.unranked = True
         state, data = loop_state.state, loop_state.data_state()
         history, batch = loop_state.history, loop_state.batch
 
@@ -67,13 +68,13 @@ class LoopCheckpoint(Saver):
             if guard is not None and self._nonfinite(guard, history, elapsed, row):
                 return
             rows = (history, row, None if row is None else batch)
-            self._save(elapsed, state, value, rows, data)
+            self.store.save(elapsed, state, value, rows, data)
 
-        save.where = f"ciclo.checkpoint({str(self.directory)!r}) saving"
+        save.where = f"ciclo.checkpoint({str(self.store.directory)!r}) saving"
         if not after_commit(loop_state, save):  # not a loop's: save now
             # a fused call's per-step rows too (a loop commits them after the batch)
             rows = (history, (loop_state.elapsed, loop_state.logs), batch)
-            self._save(elapsed, state, value, rows, data)
+            self.store.save(elapsed, state, value, rows, data)
 
     def _nonfinite(
         self, guard: Any, history: History, elapsed: Elapsed, row: Any = None
@@ -81,79 +82,50 @@ class LoopCheckpoint(Saver):
         """Whether the rows since the previous save (and `row`, not committed)
         hold a value `guard` calls bad (then the save is not made, and said at
         the loop's end)."""
-        since = history.first_row_at(self._cleared)
+        since = history.first_row_at(self.cleared)
         rows = [(int(logs["elapsed"]["steps"]), logs) for logs in history[since:]]
         if row is not None:
             rows.append((int(row[0].steps), row[1]))
         for step, logs in rows:
             bad = guard.bad_entry(logs)
             if bad is not None:
-                if self._refused is None:  # the first one is said
-                    self._refused = (int(elapsed.steps), bad, step)
+                if self.refused is None:  # the first one is said
+                    self.refused = (int(elapsed.steps), bad, step)
                 return True
-        self._cleared = int(elapsed.steps)
+        self.cleared = int(elapsed.steps)
         return False
 
-    def __loop_resume__(
+    def resume(
         self, state: Any, history: History | None, elapsed: Elapsed | None
     ) -> tuple[Any, ...] | None:
         """With `resume=True`, before the first loop it is given to: the state,
         history and elapsed of the latest complete checkpoint (and the saved
         position of a checkpointable data iterator, when there is one), or None
         (start fresh) when the directory holds none."""
-        self._cleared = 0 if elapsed is None else int(elapsed.steps)
-        if not self._resume_pending:
-            self._lock()  # a loop is about to write here: one run per directory
-            return None
-        self._resume_pending = False
-        try:
-            self._lock()
-            manager = self._open()
-            steps = manager.all_steps()
-            if not steps:
-                return None
-            state, elapsed, history, data, segments = restore_from(
-                manager, state, False, None, with_history=True, fallback=True
-            )
-        except BaseException as error:
-            self.close()  # the loop does not start: nothing to hold
-            if isinstance(error, ValueError):  # e.g. a model edited since
-                error.add_note(
-                    f"Resuming from {str(self.directory)!r}: the state passed in "
-                    f"must be built like the saved one. To start fresh instead, "
-                    f"pass a new directory or resume=False."
-                )
-            raise
-        if segments is not None:  # the next save adds to its segments
-            self._history_base = Base(
-                int(elapsed.steps), len(history), weakref.ref(history),
-                Written(segments),
-            )  # fmt: skip
-        self._skipped = {s for s in steps if s > elapsed.steps}
-        self._resumed_from = int(elapsed.steps)
-        self._cleared = int(elapsed.steps)
-        if data is None:
-            return state, history, elapsed
-        return state, history, elapsed, data  # + the data iterator's position
+        self.cleared = 0 if elapsed is None else int(elapsed.steps)
+        restored = self.store.resume(state)
+        if restored is not None:
+            self.resumed_from = self.cleared = int(restored[2].steps)
+        return restored
 
-    def __loop_preempt__(self, loop_state: LoopState) -> None:
+    def preempt(self, loop_state: LoopState) -> None:
         """The loop stops early for a preemption (SIGTERM): saves the step it
         reached (its history committed; unranked with `monitor`), unless that step
         is saved already, is the one this run resumed from, or (with a
-        `nan_guard` in the loop) has logs that are not finite. `__loop_end__`
+        `nan_guard` in the loop) has logs that are not finite. `end`
         then waits for the save, before the process ends."""
         elapsed = loop_state.elapsed_after
         step = int(elapsed.steps)
-        if step == 0 or step in self._saved or step == self._resumed_from:
+        if step == 0 or step in self.store.saved or step == self.resumed_from:
             return
         guard = getattr(loop_state, "_nan_guard", None)
         if guard is not None and self._nonfinite(guard, loop_state.history, elapsed):
             return
         rows = (loop_state.history, None, None)
         data = loop_state.data_state()
-        self._save(elapsed, loop_state.state, None, rows, data)
+        self.store.save(elapsed, loop_state.state, None, rows, data)
 
-    def __loop_end__(self, loop_state: LoopState) -> None:
+    def end(self, loop_state: LoopState) -> None:
         """Waits for the background saves (called once when the loop ends); with
         `monitor`, raises if the monitored entry was never logged in the loop.
 
@@ -162,22 +134,24 @@ class LoopCheckpoint(Saver):
         saves are finished, a save that failed is only warned about, and the
         monitored entry is not checked."""
         # the loop returns this very object: recognised if passed back by hand
-        self._returned = loop_state.elapsed_after
-        unranked, fresh = self._unranked, self._fresh
-        self._unranked = self._fresh = False
+        self.returned = loop_state.elapsed_after
+        unranked, fresh = self.unranked, self.fresh
+        self.unranked = self.fresh = False
         failing = getattr(loop_state, "error", None)  # the loop's own error
-        if self._refused is not None:
+        if self.refused is not None:
             self._say_refused(failing)
         if failing is None:
-            self.close()
-            if unranked and not fresh and self.monitor is not None:
-                self.monitor.find(loop_state.accumulated_logs)  # names what was logged
+            self.store.close()
+            if unranked and not fresh and self.store.monitor is not None:
+                self.store.monitor.find(
+                    loop_state.accumulated_logs
+                )  # names what was logged
             return
         try:
-            self.close()
+            self.store.close()
         except Exception as error:  # the loop's own error goes on, not this one
             warn(
-                f"ciclo.checkpoint: a pending save to {self.directory} failed while "
+                f"ciclo.checkpoint: a pending save to {self.store.directory} failed while "
                 f"the loop was ending with {type(failing).__name__}: "
                 f"{type(error).__name__}: {error}"
             )
@@ -185,16 +159,16 @@ class LoopCheckpoint(Saver):
     def _say_refused(self, failing: BaseException | None) -> None:
         """Says that a save was not made for a bad value: a note on the loop's
         error (the guard's), or a warning when the loop ends normally."""
-        step, entry, row = self._refused  # type: ignore[misc]
-        self._refused = None
+        step, entry, row = self.refused  # type: ignore[misc]
+        self.refused = None
         kept = None
-        if self._manager is not None:
+        if self.store.is_open:
             with contextlib.suppress(Exception):  # a failed save is said by close()
-                kept = self.latest_step()
+                kept = self.store.latest_step()
         message = (
             f"ciclo.checkpoint: the checkpoint of step {step} (and any later) was "
             f"not saved: "
-            f"{entry} is not finite at step {row} (nan_guard); {self.directory} "
+            f"{entry} is not finite at step {row} (nan_guard); {self.store.directory} "
             + (
                 f"keeps step {kept}, the last finite one."
                 if kept is not None

@@ -1,9 +1,9 @@
-"""`Saver`: how `ciclo.checkpoint` writes and reads the checkpoints of its directory.
+"""`Store`: how `ciclo.checkpoint` writes and reads the checkpoints of its directory.
 
-The base of `ciclo.checkpoint` (which sets the attributes annotated below and
-decides what to save and when): the directory's lock, its orbax manager with the
-retention policy (`_ranking`), one save, waiting for the saves, and reading the
-directory's steps back.
+A checkpoint HAS a store (`checkpoint.store`), which decides nothing about when
+to save: the directory's lock, its orbax manager with the retention policy
+(`ranking`), one save, resuming from the latest complete step, waiting for the
+saves, and reading the directory's steps back.
 
 A directory is one timeline: saving step `s` first deletes checkpoints at steps
 `>= s` left there by an earlier run (with a warning), then saves; earlier steps
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -45,27 +46,43 @@ from ciclo._time import Elapsed
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import Monitor
 
-__all__ = ["Saver"]
+__all__ = ["Store"]
 
 
-class Saver:
+class Store:
     """Writes the checkpoints of `directory` through an orbax manager (opened on
-    first use, closed by `close()`), and reads them back."""
+    first use, closed by `close()`), and reads them back.
 
-    directory: epath.Path
-    monitor: Monitor | None
-    keep: int
-    async_save: bool
-    items: tuple[str, ...] | None
-    _manager: ocp.CheckpointManager | None  # open, or None
-    _saved: set[int]  # the steps this object saved
-    _skipped: set[int]  # steps a resume skipped as unreadable
-    _pending: int | None  # the step of a save not known written yet
-    _locked: bool  # holds the directory's lock
-    _resume_pending: bool  # a resume is still to come before the first loop
-    _history_base: _history.Base | None  # what the next save's history builds on
+    Args (validated by `ciclo.checkpoint`): the directory, the `Monitor` that
+    ranks steps (or None), how many steps to `keep`, `async_save`, the state's
+    `items` to save (None: all), and whether to `resume` before the first loop.
+    """
 
-    def _save(
+    def __init__(
+        self,
+        directory: epath.Path,
+        monitor: Monitor | None,
+        keep: int,
+        async_save: bool,
+        items: tuple[str, ...] | None,
+        resume: bool,
+    ):
+        self.directory, self.monitor, self.keep = directory, monitor, keep
+        self.async_save, self.items = async_save, items
+        self.resume_pending = resume  # a resume is still to come (first loop)
+        self.saved: set[int] = set()  # the steps this store saved
+        self.skipped: set[int] = set()  # steps a resume skipped as unreadable
+        self._manager: ocp.CheckpointManager | None = None  # open, or None
+        self._pending: int | None = None  # the step of a save not known written
+        self._locked = False  # holds the directory's lock
+        self._history_base: _history.Base | None = None  # the next save builds on
+
+    @property
+    def is_open(self) -> bool:
+        """Whether its orbax manager is open (saves may be pending)."""
+        return self._manager is not None
+
+    def save(
         self,
         elapsed: Elapsed,
         state: Any,
@@ -87,7 +104,7 @@ class Saver:
         history: tuple[Any, Any, Any] | None,
         data: Any,
     ) -> None:
-        self._resume_pending = False  # this run has its own timeline now
+        self.resume_pending = False  # this run has its own timeline now
         for other in open_checkpoints():
             if other is not self and self._writes_beside(other):
                 raise ValueError(
@@ -97,9 +114,9 @@ class Saver:
                     f"directory is the one that resumes), or give each its own "
                     f"directory."
                 )
-        self._lock()
+        self.lock()
         try:
-            manager = self._open()
+            manager = self.open()
         except BaseException:  # e.g. a directory that is not ciclo's
             self._unlock()
             raise
@@ -116,7 +133,7 @@ class Saver:
             if failed is not None:
                 raise failed
             foreign = [
-                s for s in stale if s not in self._saved and s not in self._skipped
+                s for s in stale if s not in self.saved and s not in self.skipped
             ]
             if foreign:
                 warn(
@@ -170,17 +187,17 @@ class Saver:
         except Exception as error:
             self._failed(error)
             raise
-        self._saved.add(step)
+        self.saved.add(step)
         if plan is not None:
             self._history_base = plan.base(step, history[0])  # type: ignore[index]
         if not self.async_save:
             self._pending = None
 
-    def _writes_beside(self, other: Saver) -> bool:
+    def _writes_beside(self, other: Store) -> bool:
         """Whether `other` is a writer of this directory: it saved there and still
         holds the directory (a loop, or saves by hand not closed). One whose
         loop ended, queried since (`steps()`, `restore`), is not."""
-        if other.directory != self.directory or not other._saved:
+        if other.directory != self.directory or not other.saved:
             return False
         return other._locked or "://" in str(self.directory)  # URLs take no lock
 
@@ -206,7 +223,7 @@ class Saver:
         _abandon(manager)
         raise clear from None
 
-    def _lock(self) -> None:
+    def lock(self) -> None:
         """Takes the directory's lock (one run writes it), then removes what
         saves killed mid-write left there."""
         if self._locked or "://" in str(self.directory):  # URLs: orbax cleans up
@@ -221,7 +238,7 @@ class Saver:
             self._locked = False
             _lock.release(self.directory)
 
-    def _open(self) -> ocp.CheckpointManager:
+    def open(self) -> ocp.CheckpointManager:
         if self._manager is None:
             policy = retention(self.keep, self.monitor is not None)
             manager = _orbax.manager(
@@ -245,6 +262,43 @@ class Saver:
             track(self)
         return self._manager
 
+    def resume(self, state: Any) -> tuple[Any, ...] | None:
+        """Restores the latest complete checkpoint of the directory, once (the
+        lock taken: a loop is about to write here): `(state, history, elapsed)`
+        (+ the data iterator's saved position, when there is one), or None when
+        the resume was done already or the directory holds none. The next save's
+        history builds on the restored segments."""
+        self.lock()
+        if not self.resume_pending:
+            return None
+        self.resume_pending = False
+        try:
+            manager = self.open()
+            steps = manager.all_steps()
+            if not steps:
+                return None
+            state, elapsed, history, data, segments = restore_from(
+                manager, state, False, None, with_history=True, fallback=True
+            )
+        except BaseException as error:
+            self.close()  # the loop does not start: nothing to hold
+            if isinstance(error, ValueError):  # e.g. a model edited since
+                error.add_note(
+                    f"Resuming from {str(self.directory)!r}: the state passed in "
+                    f"must be built like the saved one. To start fresh instead, "
+                    f"pass a new directory or resume=False."
+                )
+            raise
+        if segments is not None:  # the next save adds to its segments
+            self._history_base = _history.Base(
+                int(elapsed.steps), len(history), weakref.ref(history),
+                _history.Written(segments),
+            )  # fmt: skip
+        self.skipped = {s for s in steps if s > elapsed.steps}
+        if data is None:
+            return state, history, elapsed
+        return state, history, elapsed, data
+
     def wait(self) -> None:
         """Blocks until the background saves are written (re-raises their errors)."""
         if self._manager is not None:
@@ -255,14 +309,6 @@ class Saver:
         and the directory's lock."""
         with DEFERRED:  # Ctrl-C meanwhile: raised once the saves are written
             self._close()
-
-    def __enter__(self) -> Saver:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """`with ciclo.checkpoint(directory) as ckpt:` closes it as the block ends
-        (its saves written, the directory's lock released), however it ends."""
-        self.close()
 
     def _close(self) -> None:
         try:
@@ -284,7 +330,7 @@ class Saver:
         """The steps of the checkpoints in the directory (after pending saves);
         incomplete step folders (a kill or damage left them) are not listed."""
         self.wait()
-        manager = self._open()
+        manager = self.open()
         if not self._locked:  # not writing it: another run may have since
             manager.reload()
         return _orbax.survey(self.directory, manager.all_steps()).complete
@@ -299,7 +345,7 @@ class Saver:
         steps = self.steps()
         if self.monitor is None or not steps:
             return steps[-1] if steps else None
-        manager = self._open()
+        manager = self.open()
         scored = [s for s in steps if score(manager.metrics(s)) > -math.inf]
         if not scored:
             return steps[-1]
@@ -311,7 +357,7 @@ class Saver:
         """Restores `(state, elapsed)`: the latest checkpoint, or with `best=True`
         the best by `monitor`. See `ciclo.restore`."""
         self.wait()
-        return restore_from(self._open(), target_state, best, step)
+        return restore_from(self.open(), target_state, best, step)
 
 
 def _abandon(manager: ocp.CheckpointManager | None) -> None:
