@@ -67,9 +67,13 @@ class Passes:
 
         if n <= 0:
             return
-        if not read_back(batches(), n, start, "train_loop", stacklevel=5, say=warn):
-            return
+        done = read_back(batches(), n, start, "train_loop", stacklevel=5, say=warn)
         iterator = current[0]
+        if iterator is None:  # the data ended first
+            return
+        if not done:  # preempted: the rest of the pass is read from there
+            self._resumed = iterator
+            return
         before = iterator.get_state() if checkpointable(iterator) else None
         try:
             batch = next(iterator)

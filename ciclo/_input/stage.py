@@ -54,7 +54,8 @@ class Inputs:
     a `place`r, read `depth` items ahead (see the module docstring). `left`: a
     one-element list, the most steps left to read (a `stop` in steps), shared by
     the passes. `completed` counts the passes read to their end; `empty` is True
-    until an item is handed out; `handed` counts the steps handed out.
+    until an item is handed out; `handed` counts the steps handed out from a
+    checkpointable iterator (to put it back, `close`).
 
     Example:
         >>> from ciclo._input.passes import Passes
@@ -151,8 +152,8 @@ class Inputs:
                 if item is not None:
                     break
         self.empty = False
-        self.handed += item.batch.n if type(item.batch) is Steps else 1
-        if self._source is not None:
+        if self._source is not None:  # a checkpointable iterator: its marks
+            self.handed += item.batch.n if type(item.batch) is Steps else 1
             self._position = item.position
             self._marks.append((self.handed, item.position))
         return item
