@@ -319,3 +319,26 @@ def test_loop_and_train_loop_read_train_and_count_the_same(prefetch, steps_per_c
     assert [r for _, r, _ in reads] == [min(s + ahead, 10) for s in calls]
     # the position a checkpoint saves is after the call's batches
     assert [p for _, _, p in reads] == [min(s + steps_per_call, 10) for s in calls]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_a_fused_run_resumes_exactly_from_its_data_position(tmp_path, prefetch):
+    """Fused calls carry the data position after their last batch: a run
+    checkpointed at an epoch end resumes a checkpointable iterator from its
+    saved position (nothing read back, repeated or skipped) and trains as the
+    uninterrupted run."""
+    batches = [
+        (np.full((4, 3), i, np.float32), np.full((4,), i % 4, np.int32))
+        for i in range(12)
+    ]
+    step = managed.train_step(seen, steps_per_call=4)
+    tasks = {ciclo.on_train_step: step}
+    kwargs = dict(epoch_duration=4, prefetch=prefetch, resume=tmp_path)
+    _, straight, _ = ciclo.train_loop(create(), batches, tasks, prefetch=prefetch)
+    ciclo.train_loop(create(), Checkpointable(batches), tasks, stop=8, **kwargs)
+    fresh = Checkpointable(batches)
+    _, history, elapsed = ciclo.train_loop(create(), fresh, tasks, **kwargs)
+    assert elapsed.steps == 12
+    assert fresh.read == 4  # set to batch 8: no warning about reading back
+    assert history.collect("steps", "x_seen") == straight.collect("steps", "x_seen")
+    assert history.collect("x_seen") == [float(i) for i in range(12)]
