@@ -78,3 +78,267 @@ def test_a_loader_refilling_one_buffer_trains_on_the_right_data(
     assert y_seen == [float(i % 4) for i in range(N)]
     # a plain callback beside it gets the dataset's values, not the next refill's
     assert [float(i) for i in range(N)] == HOST
+
+
+# --- one input stage: what is read, when, and what counts (API.md §3, §5, §9, §11)
+
+
+class Pulls:
+    """A re-iterable dataset of `n` batches per pass (batch i of a pass holds
+    x == i): counts the batches pulled from it in all, and raises
+    once more than `allowed` were pulled (None: no bound). With
+    `checkpointable`, a single pass has Grain's `get_state()` / `set_state()`."""
+
+    def __init__(self, n, allowed=None, checkpointable=False):
+        self.n, self.allowed, self.pulled = n, allowed, 0
+        self.checkpointable = checkpointable
+        self.index = 0
+
+    def __iter__(self):
+        outer = self
+        self.index = 0
+
+        class Pass:
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                if outer.index >= outer.n:
+                    raise StopIteration
+                if outer.allowed is not None and outer.pulled >= outer.allowed:
+                    raise RuntimeError(
+                        f"read past what the loop consumed: batch {outer.pulled}"
+                    )
+                outer.pulled += 1
+                outer.index += 1
+                x = np.full((4, 3), outer.index - 1, np.float32)
+                return x, np.zeros((4,), np.int32)
+
+        it = Pass()
+        if self.checkpointable:
+            it.get_state = lambda: {"next_index": outer.index}
+            it.set_state = lambda state: setattr(outer, "index", state["next_index"])
+        return it
+
+
+def test_an_epoch_end_reads_the_next_batch_only_to_learn_that_the_pass_ended():
+    """Unfused, nothing read ahead (`prefetch=0, steps_per_call=1`): while the
+    batch of step s trains, exactly s + 1 batches were pulled. The epoch-end
+    check then pulls the next batch (s + 2 pulled) to learn whether the pass
+    ended, except when the batch ends the pass (the pull found its end: s + 1).
+    That pulled batch is the next one trained: nothing is pulled and dropped."""
+    data = Pulls(5)
+    record = {}
+
+    def step(state, batch, elapsed):
+        record[elapsed.steps] = [data.pulled, float(batch[0][0, 0])]
+
+    def batch_end(state, batch, elapsed):
+        record[elapsed.steps].append(data.pulled)
+
+    ends = []
+    tasks = {
+        ciclo.on_train_step: step,
+        ciclo.on_epoch_end: lambda state, batch, elapsed: ends.append(elapsed.steps),
+        ciclo.on_train_batch_end: batch_end,
+    }
+    _, _, elapsed = ciclo.train_loop(
+        None, data, tasks, epochs=2, prefetch=0, steps_per_call=1
+    )
+    assert elapsed.steps == 10 and ends == [4, 9]
+    last = {4, 9}
+    assert record == {
+        s: [s + 1, float(s % 5), s + 1 if s in last else s + 2] for s in range(10)
+    }
+    assert data.pulled == 10
+
+
+def test_an_epoch_end_never_reads_past_a_stop_or_an_epoch_decided_by_its_duration():
+    """With `epoch_duration=2, stop=7`: a batch whose epoch end is decided by the
+    duration (steps 2, 4, 6 done) or the stop (7) reads nothing ahead; the others
+    read one batch ahead, which is the next trained. The dataset raises if a
+    batch is pulled beyond the 7 the loop consumes."""
+    data = Pulls(100, allowed=7)
+    pulled_at_end = []
+    ends = []
+    tasks = {
+        ciclo.on_train_step: lambda: None,
+        ciclo.on_epoch_end: lambda s, b, e, loop_state: ends.append(
+            loop_state.elapsed_after.steps
+        ),
+        ciclo.on_train_batch_end: lambda: pulled_at_end.append(data.pulled),
+    }
+    _, _, elapsed = ciclo.train_loop(
+        None, iter(data), tasks, epoch_duration=2, stop=7, prefetch=0
+    )
+    assert elapsed.steps == 7 and ends == [2, 4, 6, 7]
+    assert pulled_at_end == [2, 2, 4, 4, 6, 6, 7]
+
+
+def test_callbacks_after_the_epoch_end_check_get_their_batch_from_a_refilling_loader():
+    """Learning the pass end reads the next batch during the current one: with
+    a loader that refills one buffer, the callbacks running after that check
+    (`on_epoch_end`, `on_train_batch_end`) still get the current batch."""
+    step = managed.train_step(seen)
+    HOST.clear()
+    after: list[float] = []
+    tasks = {
+        ciclo.on_train_step: step,
+        ciclo.on_epoch_end: lambda s, batch: after.append(float(batch[0][0, 0])),
+        ciclo.on_train_batch_end: host_seen,
+    }
+    _, history, _ = ciclo.train_loop(create(), RefillingLoader(), tasks, prefetch=0)
+    assert history.collect("x_seen") == [float(i) for i in range(N)]
+    assert [float(i) for i in range(N)] == HOST  # not [1, 2, ..., 7, 7]
+    assert after == [float(N - 1)]
+
+
+def test_the_data_position_excludes_the_batch_read_to_learn_the_pass_end():
+    """A checkpointable iterator: the position saved with a step is after that
+    step's batch, and when the loop stops, the iterator is put back after the
+    last batch trained (the batch read to learn the pass end is read again by
+    whoever iterates next)."""
+    data = Pulls(10, checkpointable=True)
+    source = iter(data)
+    positions = []
+
+    def batch_end(state, batch, elapsed, loop_state):
+        positions.append(loop_state.data_state()["next_index"])
+        if elapsed.steps == 5:
+            loop_state.stop_after_batch()  # after the epoch-end check read ahead
+
+    tasks = {
+        ciclo.on_train_step: lambda: None,
+        ciclo.on_epoch_end: lambda: None,
+        ciclo.on_train_batch_end: batch_end,
+    }
+    _, _, elapsed = ciclo.train_loop(None, source, tasks, prefetch=0)
+    assert elapsed.steps == 6 and data.pulled == 7  # batch 6 read to learn the end
+    assert positions == [1, 2, 3, 4, 5, 6]
+    assert source.get_state() == {"next_index": 6}
+    assert float(next(source)[0][0, 0]) == 6.0
+
+
+def test_a_dataset_error_while_learning_the_pass_end_surfaces_at_its_batch():
+    """The dataset raises reading batch 3, which the epoch-end check of batch 2
+    reads: batch 2 completes (its epoch-end and batch-end callbacks run), and
+    the error surfaces when batch 3 is fetched, as without the check."""
+
+    class Failing(Pulls):
+        def __iter__(self):
+            inner = super().__iter__()
+            return (b if i != 3 else _raise() for i, b in enumerate(inner))
+
+    def _raise():
+        raise ValueError("corrupt record")
+
+    notes = []
+    for tasks in (
+        {ciclo.on_train_step: lambda: None},
+        {ciclo.on_train_step: lambda: None, ciclo.on_epoch_end: lambda: None},
+    ):
+        done = []
+        tasks[ciclo.on_train_batch_end] = lambda s, b, e: done.append(e.steps)  # noqa: B023
+        history = ciclo.history()
+        with pytest.raises(ValueError, match="corrupt record") as info:
+            ciclo.train_loop(None, Failing(6), tasks, history=history, prefetch=0)
+        assert done == [0, 1, 2]
+        notes.append(info.value.__notes__)
+    assert notes[0] == notes[1]
+    assert "fetching the batch of step 3" in notes[0][0]
+
+
+class Checkpointable:
+    """An iterator over `batches` with Grain's `get_state()` / `set_state()`,
+    counting the batches read."""
+
+    def __init__(self, batches):
+        self.batches, self.index, self.read = batches, 0, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.index >= len(self.batches):
+            raise StopIteration
+        self.index += 1
+        self.read += 1
+        return self.batches[self.index - 1]
+
+    def get_state(self):
+        return {"next_index": self.index}
+
+    def set_state(self, state):
+        self.index = state["next_index"]
+
+
+@pytest.mark.parametrize(
+    "prefetch, steps_per_call", [(0, 1), (1, 1), (0, 4), (1, 4), (2, 3)]
+)
+def test_loop_and_train_loop_read_train_and_count_the_same(prefetch, steps_per_call):
+    """`ciclo.loop` and `train_loop` take their batches through one input stage:
+    for each fused / read-ahead configuration, the same batches reach the step
+    at the same steps, the source has been read as far at each call, `elapsed`
+    is the same, and the iterator is put back after the last batch trained."""
+    batches = [
+        (np.full((4, 3), i, np.float32), np.full((4,), i % 4, np.int32))
+        for i in range(13)
+    ]
+    step = managed.train_step(seen, steps_per_call=steps_per_call)
+    runs = {}
+    for loop in ("loop", "train_loop"):
+        source = Checkpointable(batches)
+        reads = []
+
+        def spy(state, batch, elapsed, loop_state):
+            position = loop_state.data_state()["next_index"]  # after this call
+            reads.append((elapsed.steps, source.read, position))  # noqa: B023
+
+        kwargs = dict(stop=10, prefetch=prefetch, steps_per_call=steps_per_call)
+        if loop == "loop":
+            tasks = {ciclo.every(1): [step, spy]}
+            _, history, elapsed = ciclo.loop(create(), source, tasks, **kwargs)
+        else:
+            tasks = {ciclo.on_train_step: [step, spy]}
+            _, history, elapsed = ciclo.train_loop(create(), source, tasks, **kwargs)
+        runs[loop] = (
+            history.collect("steps", "x_seen"),
+            (elapsed.steps, elapsed.samples),
+            reads,
+            source.get_state(),
+        )
+    assert runs["loop"] == runs["train_loop"]
+    (steps, x_seen), counted, reads, position = runs["loop"]
+    assert steps == list(range(10)) and x_seen == [float(i) for i in range(10)]
+    assert counted == (10, 40)
+    assert position == {"next_index": 10}  # the read-ahead is put back
+    calls = [s for s, _, _ in reads]
+    assert calls == list(range(0, 10, steps_per_call))
+    # read as far as the call and `prefetch` calls ahead, never past the stop
+    ahead = (1 + prefetch) * steps_per_call
+    assert [r for _, r, _ in reads] == [min(s + ahead, 10) for s in calls]
+    # the position a checkpoint saves is after the call's batches
+    assert [p for _, _, p in reads] == [min(s + steps_per_call, 10) for s in calls]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_a_fused_run_resumes_exactly_from_its_data_position(tmp_path, prefetch):
+    """Fused calls carry the data position after their last batch: a run
+    checkpointed at an epoch end resumes a checkpointable iterator from its
+    saved position (nothing read back, repeated or skipped) and trains as the
+    uninterrupted run."""
+    batches = [
+        (np.full((4, 3), i, np.float32), np.full((4,), i % 4, np.int32))
+        for i in range(12)
+    ]
+    step = managed.train_step(seen, steps_per_call=4)
+    tasks = {ciclo.on_train_step: step}
+    kwargs = dict(epoch_duration=4, prefetch=prefetch, resume=tmp_path)
+    _, straight, _ = ciclo.train_loop(create(), batches, tasks, prefetch=prefetch)
+    ciclo.train_loop(create(), Checkpointable(batches), tasks, stop=8, **kwargs)
+    fresh = Checkpointable(batches)
+    _, history, elapsed = ciclo.train_loop(create(), fresh, tasks, **kwargs)
+    assert elapsed.steps == 12
+    assert fresh.read == 4  # set to batch 8: no warning about reading back
+    assert history.collect("steps", "x_seen") == straight.collect("steps", "x_seen")
+    assert history.collect("x_seen") == [float(i) for i in range(12)]

@@ -1,15 +1,17 @@
 """What a batch counts as: its number of samples (`batch_size`, the largest first
-axis among its leaves) and `Steps`, a batch that counts as `n` steps."""
+axis among its leaves), `Steps` (a batch that counts as `n` steps) and `Item` (a
+batch on its way to a step: its placed copy, its pass end, its data position)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
-__all__ = ["Steps", "batch_shapes", "batch_size"]
+__all__ = ["Item", "Steps", "batch_shapes", "batch_size", "items_of", "placed_for"]
 
 
 class Steps:
@@ -51,27 +53,97 @@ class Steps:
         return f"Steps(n={self.n}, samples={self.samples})"
 
 
-class Placed:
-    """A batch read ahead by the input stage, with its copy placed on the device
-    for `strategy` (`value`). The loop takes it apart: callbacks get `batch`, and
-    `loop_state.placed` holds this item for the batch's managed step, so the
-    placed copy travels with its batch (nothing is looked up by identity)."""
+class Item:
+    """One batch on its way from the dataset to a step, as the input stage
+    (`ciclo._input.stage`) hands it to the loop.
 
-    __slots__ = ("batch", "strategy", "value")
+    The loop takes it apart: callbacks get `batch`; `loop_state.placed` holds
+    the item, where the batch's managed step finds its placed copy (so the copy
+    travels with its batch: nothing is looked up by identity) and the epoch-end
+    schedule its pass end (`ciclo._loop.state.last_of_pass`).
 
-    def __init__(self, batch: Any, strategy: Any, value: Any):
-        self.batch, self.strategy, self.value = batch, strategy, value
+    Attributes:
+        batch: the batch (a `Steps` for a fused call).
+        placed: its copy placed on the device for `strategy` ahead of the step,
+            or None (the step places the batch itself).
+        strategy: what `placed` was placed for (None: not placed).
+        last_of_pass: whether it is the last batch of its pass; None while the
+            stage does not know yet (it reads the next batch of the pass to
+            learn it only when asked, `Inputs.last_of_pass`).
+        position: the data iterator's position after this batch (`get_state()`
+            of a checkpointable iterator, as Grain's), else None.
+        own: `batch` is ciclo's own copy (a fused stack, a batch copied when it
+            was read ahead): reading the next batch cannot change it.
+    """
+
+    __slots__ = ("batch", "last_of_pass", "own", "placed", "position", "strategy")
+
+    def __init__(self, batch: Any, position: Any = None, own: bool = False):
+        self.batch, self.position, self.own = batch, position, own
+        self.placed = self.strategy = self.last_of_pass = None
+
+    def keep(self) -> None:
+        """Makes `batch` ciclo's own copy (its numpy leaves copied; other leaves
+        are immutable), unless it already is: done before the next batch is
+        read, which may refill the buffer this one lives in."""
+        if not self.own:
+            if type(self.batch) is not Steps:
+                self.batch = host_copy(self.batch)
+            self.own = True
 
     def __repr__(self) -> str:
-        return f"Placed({self.batch!r:.60})"
+        return f"Item({self.batch!r:.60}, last_of_pass={self.last_of_pass})"
 
 
-def placed_for(item: Placed | None, strategy: Any) -> Any:
-    """The copy `item` placed for `strategy`, or None (not read ahead, or read
-    ahead for another strategy): the step then places the batch itself."""
+Placed = Item  # the name the managed step's annotations use
+
+
+def host_copy(batch: Any) -> Any:
+    """`batch` with its numpy leaves copied (others are immutable)."""
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        if all(type(x) is np.ndarray for x in batch):
+            return kind([x.copy() for x in batch])
+    elif kind is dict:
+        if all(type(x) is np.ndarray for x in batch.values()):
+            return {k: x.copy() for k, x in batch.items()}
+    elif kind is np.ndarray:
+        return batch.copy()
+    elif kind is int or kind is float:
+        return batch
+    return jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, batch)
+
+
+def placed_for(item: Item | None, strategy: Any) -> Any:
+    """The copy of `item`'s batch placed for `strategy`, or None (not read
+    ahead, or read ahead for another strategy): the step then places the batch
+    itself."""
     if item is not None and item.strategy is strategy:
-        return item.value
+        return item.placed
     return None
+
+
+def items_of(
+    iterator: Iterator[Any], left: list[int] | None = None, positions: bool = False
+) -> Iterator[Item]:
+    """The batches of `iterator` as `Item`s, each with the iterator's position
+    after it (with `positions`: a checkpointable iterator's `get_state()`).
+    `left`: a one-element list, the most steps left to read (a `Steps` counts as
+    its `n`), shared by the readers of consecutive passes; nothing is read once
+    it is 0."""
+    get_state = iterator.get_state if positions else None
+    if left is None and get_state is None:  # the common case, kept lean
+        for batch in iterator:
+            yield Item(batch)
+        return
+    while left is None or left[0] > 0:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        if left is not None:
+            left[0] -= batch.n if type(batch) is Steps else 1
+        yield Item(batch, None if get_state is None else get_state())
 
 
 def _leaves(batch: Any) -> list[Any]:

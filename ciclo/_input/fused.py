@@ -4,7 +4,8 @@ A `Steps` (see `ciclo._input.batch`) is `n` consecutive batches stacked on a new
 axis; the loop counts it as `n` steps and a managed step runs its `n` steps in one
 compiled call (`jax.lax.scan`). Schedules are checked once per call (with the
 `elapsed` before it), so they fire at call boundaries; `stop` in steps is exact
-(the last call is shortened), other periods are checked after each call.
+(the last call is shortened), other periods are checked after each call. The
+input stage (`ciclo._input.stage`) groups each pass's `Item`s with `groups`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ciclo._input.batch import Steps, batch_size
-from ciclo._period import Period
-from ciclo._time import Elapsed
+from ciclo._input.batch import Item, Steps, batch_size, items_of
 
-__all__ = ["declared_steps", "fuse", "fuse_passes"]
+__all__ = ["check_steps", "declared_steps", "fuse", "groups"]
 
 
 def check_steps(steps_per_call: Any, where: str) -> int:
@@ -149,58 +148,44 @@ def fuse(
         [(2, 4, (2, 2, 3)), (2, 4, (2, 2, 3)), (1, 2, (1, 2, 3))]
     """
     k = check_steps(steps_per_call, "ciclo.fuse")
-    iterator = iter(dataset)
-    read = 0
+    left = None if limit is None else [limit]
+    for item in groups(items_of(iter(dataset), left), k, batch_size_fn):
+        yield item.batch
+
+
+def groups(
+    items: Iterable[Item],
+    k: int,
+    batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
+) -> Iterator[Item]:
+    """The `Item`s of `items` grouped into `Item`s of `Steps` of at most `k`
+    batches (see `fuse`), each with the data position after its last batch. A
+    `Steps` among the items passes through (it ends the group before it)."""
     group: _Group | None = None
-    signature = size = None
-    while True:
-        if limit is not None and read >= limit:
-            break
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            break
+    signature = size = position = None
+    for item in items:
+        batch = item.batch
         if type(batch) is Steps:
             if group is not None:
-                yield group.steps()
+                yield Item(group.steps(), position, own=True)
                 group = None
-            read += batch.n
-            yield batch
+            yield item
             continue
-        read += 1
         current = _signature(batch)
         if group is not None and current != signature:
-            yield group.steps()
+            yield Item(group.steps(), position, own=True)
             group = None
         if group is None:  # the group's batches have equal shapes, so equal sizes
             size = batch_size(batch, batch_size_fn)
             group = _Group(batch, k)
         signature = current
         group.add(batch, size)
-        if group.n == k or (limit is not None and read >= limit):
-            yield group.steps()
+        position = item.position
+        if group.n == k:
+            yield Item(group.steps(), position, own=True)
             group = None
     if group is not None:
-        yield group.steps()
-
-
-def fuse_passes(
-    data: Any, k: int, batch_size_fn: Any, stop_at: Period | None, start: Elapsed
-) -> None:
-    """Groups each pass of `data` (`ciclo._input.passes.Passes`) into `Steps` of `k`,
-    reading no batch past `stop_at`'s step count; a group never spans two passes,
-    so epochs end where they did unfused."""
-    left = None
-    if stop_at is not None and stop_at.steps is not None:
-        left = [max(stop_at.steps - start.steps, 0)]
-
-    def each_pass(batches: Iterator[Any]) -> Iterator[Any]:
-        for steps in fuse(batches, k, batch_size_fn, None if left is None else left[0]):
-            if left is not None:
-                left[0] -= steps.n
-            yield steps
-
-    data.transform(each_pass)
+        yield Item(group.steps(), position, own=True)
 
 
 def _owner_steps(callback: Any) -> Any:

@@ -1,10 +1,10 @@
-"""`train_loop`'s data as passes: re-read per epoch, read one batch ahead when the
-epoch end needs to know whether the pass is exhausted."""
+"""The data as passes: `train_loop`'s dataset re-read per epoch (a re-iterable
+dataset iterated again, a zero-argument factory called again), `ciclo.loop`'s
+read once; a resumed run's consumed batches read back across passes."""
 
 from __future__ import annotations
 
 import inspect
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -15,111 +15,108 @@ from ciclo._short import short
 
 
 class Passes:
-    """The training batches, pass after pass, reading one batch ahead when asked
-    whether the current pass is exhausted.
+    """The data's passes, opened one at a time by the input stage.
 
-    `next_pass()` returns the iterator of the next pass (a re-iterable dataset
-    iterated again, a zero-argument factory called again); `passes` bounds how many
-    are read (None: no bound; an empty pass ends the data). `completed` counts the
-    passes exhausted so far; `empty` is True until a batch is drawn (after `skip`).
+    `open()` returns the iterator of the next pass (`next_pass()`), or None once
+    `bound` passes were opened (None: no bound) or a pass was empty (every next
+    one would be empty too). `completed` counts the passes read to their end.
     """
 
     def __init__(self, next_pass: Callable[[], Iterator[Any]], passes=None):
-        self._next_pass, self._passes = next_pass, passes
-        self._iterator: Iterator[Any] | None = None
-        self._ahead: list[Any] = []
-        self._started = self._read = self.completed = 0
-        self._before_ahead = None
-        self._failed: Exception | None = None  # the look-ahead's, raised at its batch
-        self.empty = True
+        self._next_pass, self.bound = next_pass, passes
+        self._opened = self.completed = 0
+        self._resumed: Iterator[Any] | None = None  # where a read-back stopped
 
     @classmethod
     def once(cls, iterator: Iterator[Any]) -> Passes:
         """A single pass over `iterator`."""
         return cls(lambda: iterator, passes=1)
 
-    def __iter__(self) -> Passes:
-        return self
-
-    def _current(self) -> Iterator[Any] | None:
-        if self._iterator is None:
-            if self._passes is not None and self._started >= self._passes:
-                return None
-            self._iterator, self._read = self._next_pass(), 0
-            self._started += 1
-        return self._iterator
-
-    def _pass_ended(self) -> None:
-        self._iterator, self.completed = None, self.completed + 1
-        if not self._read:  # an empty pass: every next one would be empty too
-            self._passes = self._started
-
-    def _read_one(self) -> list[Any]:
-        while (iterator := self._current()) is not None:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                self._pass_ended()
-                return []
-            self._read += 1
-            return [batch]
-        return []
-
-    def __next__(self) -> Any:
-        while not self._ahead:
-            if self._failed is not None:  # the dataset raised reading this batch
-                failed, self._failed = self._failed, None
-                raise failed
-            if self._current() is None:
-                raise StopIteration
-            self._ahead = self._read_one()
-        self.empty = False
-        return self._ahead.pop()
-
-    def exhausted(self) -> bool:
-        """Whether the current pass has no batch left (reads one ahead). When the
-        dataset raises reading ahead, the pass is not exhausted and the error is
-        raised when that batch is fetched (the dataset's error, at its batch)."""
-        if not self._ahead:
-            if self._current() is None:
-                return True
-            if checkpointable(self._iterator):  # its position before the look-ahead
-                self._before_ahead = self._iterator.get_state()
-            try:
-                self._ahead = self._read_one()
-            except Exception as error:  # raised when that batch is fetched, as
-                self._failed = error  # the dataset's: the current batch completes
-                return False
-        return not self._ahead
-
-    def get_state(self) -> Any:
-        """The position after the last batch handed out, for a single pass over a
-        checkpointable iterator (Grain's); else None."""
-        if self._passes != 1 or self._started != 1:
+    def open(self) -> Iterator[Any] | None:
+        """The next pass's iterator (the rest of the pass a resumed run stopped
+        in, first), or None when no pass is left."""
+        if self._resumed is not None:
+            resumed, self._resumed = self._resumed, None
+            return resumed
+        if self.bound is not None and self._opened >= self.bound:
             return None
-        if self._ahead:
-            return self._before_ahead
-        iterator = self._iterator
-        return iterator.get_state() if checkpointable(iterator) else None
+        self._opened += 1
+        return self._next_pass()
+
+    def ended(self, read: int) -> None:
+        """The pass opened last ended after `read` batches (fused calls)."""
+        self.completed += 1
+        if not read:  # an empty pass: every next one would be empty too
+            self.bound = self._opened
 
     def skip(self, n: int, start: int = 0, warn: bool = False) -> None:
-        """Reads and discards `n` batches (those a resumed run already consumed,
-        up to step `start`); with `warn`, says so first (`read_back`)."""
-        if not read_back(self, n, start, "train_loop", stacklevel=5, say=warn):
-            return
-        self.exhausted()  # a pass that ended exactly here counts as completed
-        self.empty = True
+        """Reads and discards `n` batches across passes (those a resumed run
+        already consumed, up to step `start`); with `warn`, says so first
+        (`read_back`). A pass that ends exactly there counts as completed (one
+        batch is read to know it, and put back in front of the rest)."""
+        current: list[Any] = [None]
 
-    def transform(self, each_pass: Callable[[Iterator[Any]], Iterator[Any]]) -> None:
-        """Reads every pass, the rest of the current one included, through
-        `each_pass` (e.g. `fuse`, grouping batches into calls within a pass)."""
-        if self._iterator is not None:
-            rest = self._iterator  # itself when nothing was read ahead (its state)
-            if self._ahead:
-                rest = itertools.chain(reversed(self._ahead), rest)
-            self._iterator, self._ahead = each_pass(rest), []
-        next_pass = self._next_pass
-        self._next_pass = lambda: each_pass(next_pass())
+        def batches() -> Iterator[Any]:
+            while (iterator := self.open()) is not None:
+                current[0], read = iterator, 0
+                for batch in iterator:
+                    read += 1
+                    yield batch
+                current[0] = None
+                self.ended(read)
+
+        if n <= 0:
+            return
+        done = read_back(batches(), n, start, "train_loop", stacklevel=5, say=warn)
+        iterator = current[0]
+        if iterator is None:  # the data ended first
+            return
+        if not done:  # preempted: the rest of the pass is read from there
+            self._resumed = iterator
+            return
+        before = iterator.get_state() if checkpointable(iterator) else None
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            self.completed += 1
+            return
+        except Exception as error:  # the dataset's: raised at its batch
+            self._resumed = _Held(iterator, before, error=error)
+            return
+        self._resumed = _Held(iterator, before, batch=[batch])
+
+
+class _Held:
+    """A pass's iterator with the batch read after a read-back put back in front
+    (or the error reading it, raised in its place); a checkpointable iterator's
+    `get_state()` / `set_state()` are kept (the position before that batch until
+    it is read again)."""
+
+    def __init__(self, iterator, before, batch=(), error=None):
+        self._iterator, self._before = iterator, before
+        self._held, self._error = list(batch), error
+        if checkpointable(iterator):
+            self.get_state, self.set_state = self._get_state, self._set_state
+
+    def __iter__(self) -> _Held:
+        return self
+
+    def __next__(self) -> Any:
+        if self._held:
+            return self._held.pop()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return next(self._iterator)
+
+    def _get_state(self) -> Any:
+        if self._held or self._error is not None:
+            return self._before
+        return self._iterator.get_state()
+
+    def _set_state(self, state: Any) -> None:
+        self._held, self._error = [], None
+        self._iterator.set_state(state)
 
 
 def passes(dataset: Any, epochs: int | None, where: str) -> Passes | None:
@@ -175,6 +172,17 @@ def iterate(batches: Any, what: str) -> Iterator[Any]:
         ) from None
 
 
+def check_epochs(epochs: Any) -> None:
+    """Raises ValueError for `epochs` that is not None or an int >= 1."""
+    if epochs is not None and (
+        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
+    ):
+        raise ValueError(
+            f"train_loop: `epochs` must be an int >= 1 (passes over `dataset`, or "
+            f"epochs of `epoch_duration`), got {epochs!r}."
+        )
+
+
 def train_data(
     dataset: Any, epochs: int | None, epoch_duration: Any, elapsed: Any, start_at: Any
 ) -> Passes:
@@ -186,13 +194,7 @@ def train_data(
     Raises:
         ValueError: for `epochs` that is not an int >= 1.
     """
-    if epochs is not None and (
-        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
-    ):
-        raise ValueError(
-            f"train_loop: `epochs` must be an int >= 1 (passes over `dataset`, or "
-            f"epochs of `epoch_duration`), got {epochs!r}."
-        )
+    check_epochs(epochs)
     data = None
     if epochs is not None or zero_argument_factory(dataset):
         repeat = 1 if epochs is None else epochs if epoch_duration is None else None
@@ -204,3 +206,24 @@ def train_data(
     indexable = isinstance(dataset, Sequence | np.ndarray)  # read back at no cost
     data.skip(start_at.batches, start, warn=not indexable)
     return data
+
+
+def one_pass(dataset: Any, elapsed: Any, start_at: Any) -> Passes:
+    """`ciclo.loop`'s data: one pass over `dataset` from the start step (a
+    factory called with it, a checkpointable iterator given its saved state, a
+    plain iterable read back; `position`).
+
+    Raises:
+        TypeError: for a dataset that is neither iterable nor a factory.
+    """
+    dataset = position(dataset, elapsed, start_at, "ciclo.loop", stacklevel=4)
+    try:
+        iterator = iter(dataset)
+    except TypeError:
+        raise TypeError(
+            f"`dataset` must be an iterable of batches (a list, generator, numpy "
+            f"array, tf.data/Grain/PyTorch loader, ...) or a factory "
+            f"`dataset(start_step)` returning one; got {short(dataset)} "
+            f"({type(dataset).__name__})."
+        ) from None
+    return Passes.once(iterator)

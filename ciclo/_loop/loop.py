@@ -1,8 +1,9 @@
 """`loop`: the interpreter of the loop language, the only driver in ciclo.
 
 It validates its arguments, lets resuming callbacks replace the state, history and
-elapsed, groups batches into fused calls (`ciclo.fuse`) and reads them ahead
-(`ciclo._input.prefetch`), then runs the batches (`ciclo._loop.run.Run`, the per-batch
+elapsed, takes its data through the input stage (`ciclo._input.stage.inputs`:
+positions, fused calls, read-ahead; a predefined loop hands it its stage
+assembled), then runs the batches (`ciclo._loop.run.Run`, the per-batch
 timeline), `on_end` and the `__loop_end__` hooks, and ends cleanly on Ctrl-C or
 with a note on a callback's error. How callbacks are called is in
 `ciclo._loop.runners`; the live record they get, in `ciclo._loop.state`.
@@ -14,9 +15,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ciclo._history.history import History
-from ciclo._input.fused import check_steps, declared_steps, fuse
-from ciclo._input.prefetch import Prefetch, check_prefetch, placer
-from ciclo._input.resume import Start, nothing_left, position, prepare
+from ciclo._input.fused import check_steps, declared_steps
+from ciclo._input.prefetch import check_prefetch
+from ciclo._input.resume import Start, nothing_left, prepare
+from ciclo._input.stage import Inputs, inputs
 from ciclo._interrupts import scope as interrupt_scope
 from ciclo._logs import Logs
 from ciclo._loop.hooks import HookTable
@@ -180,6 +182,10 @@ def run_loop(
             f"ciclo.restore), got {short(elapsed)} ({type(elapsed).__name__}). To "
             f"start counting at step n use ciclo.Elapsed.create(steps=n)."
         )
+    if not isinstance(dataset, Inputs):  # else a predefined loop's, assembled
+        if steps_per_call is None:
+            steps_per_call = declared_steps(groups[:-2]) or 1
+        check_steps(steps_per_call, "ciclo.loop")
     with interrupt_scope() as scope:
         try:  # resuming (restore, data read back) ends as the loop would
             start_at = Start()  # prepared: the data starts where it was put
@@ -187,7 +193,13 @@ def run_loop(
                 state, history, elapsed, start_at = prepare(
                     table, groups, state, history, elapsed
                 )
-            iterator = _iterator(dataset, elapsed, start_at)
+            data = dataset
+            if not isinstance(data, Inputs):
+                data = inputs(
+                    dataset, state=state, elapsed=elapsed, start_at=start_at,
+                    stop=stop_period, steps_per_call=steps_per_call,
+                    prefetch=prefetch, batch_size_fn=batch_size_fn,
+                )  # fmt: skip
         except BaseException as error:
             reached = Elapsed.create() if elapsed is None else elapsed
             abandon(table, groups, LoopState(state, None, reached, reached, history,
@@ -196,61 +208,33 @@ def run_loop(
                 return state, history, reached
             raise
         return _run(
-            scope, state, history, elapsed, iterator, plan, start, end, end_hooks,
-            stop_period, steps_per_call, batch_size_fn, prefetch, metadata,
-            catch_keyboard_interrupt, groups, start_at, table,
+            scope, state, history, elapsed, data, plan, start, end, end_hooks,
+            stop_period, batch_size_fn, metadata, catch_keyboard_interrupt, groups,
+            start_at, table,
         )  # fmt: skip
 
 
-def _iterator(dataset: Any, elapsed: Elapsed | None, start_at: Any) -> Any:
-    """The batches from the start step (a resumed run's read back)."""
-    dataset = position(dataset, elapsed, start_at, "ciclo.loop", stacklevel=4)
-    try:
-        return iter(dataset)
-    except TypeError:
-        raise TypeError(
-            f"`dataset` must be an iterable of batches (a list, generator, numpy "
-            f"array, tf.data/Grain/PyTorch loader, ...) or a factory "
-            f"`dataset(start_step)` returning one; got {short(dataset)} "
-            f"({type(dataset).__name__})."
-        ) from None
-
-
 def _run(
-    scope, state, history, elapsed, iterator, plan, start, end, end_hooks,
-    stop_period, steps_per_call, batch_size_fn, prefetch, metadata,
-    catch_keyboard_interrupt, groups, start_at, table,
+    scope, state, history, elapsed, data, plan, start, end, end_hooks,
+    stop_period, batch_size_fn, metadata, catch_keyboard_interrupt, groups,
+    start_at, table,
 ) -> tuple[Any, History, Elapsed]:  # fmt: skip
     """The batches, `on_end` and the end hooks (`loop` after its arguments)."""
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
-    if steps_per_call is None:
-        steps_per_call = declared_steps(groups[:-2]) or 1
-    if check_steps(steps_per_call, "ciclo.loop") > 1:
-        limit = None
-        if stop_period is not None and stop_period.steps is not None:
-            limit = max(stop_period.steps - initial.steps, 0)
-        iterator = fuse(iterator, steps_per_call, batch_size_fn, limit)
-    place = placer(state, prefetch)
-    if place is not None:
-        left = None
-        if stop_period is not None and stop_period.steps is not None:
-            left = [max(stop_period.steps - initial.steps, 0)]
-        iterator = reader = Prefetch(iterator, place, prefetch, left)
-        # first of the end hooks: `elapsed` then counts the consumed batches
-        end_hooks.insert(
-            0, lambda ls: reader.close(int(ls.elapsed.steps - initial.steps))
-        )
+    # first of the end hooks: `elapsed` then counts the consumed batches, and a
+    # checkpointable iterator is put back after them
+    end_hooks.insert(0, lambda ls: data.close(int(ls.elapsed.steps - initial.steps)))
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
     # while it runs, the history knows the step's uncommitted logs (`collect`)
     outer, history._live = history._live, ls
     end_hooks.append(lambda ls: setattr(history, "_live", outer))
-    read_from(ls, iterator)
+    read_from(ls, data)
     run = Run(ls, plan, start, stop_period, batch_size_fn)
     if scope is not None and scope.claim(run):  # stops after a step on SIGTERM
         run.watch = scope.stop_requested
     interrupted = False
     try:
-        run.batches(iterator)
+        run.batches(data)
     except KeyboardInterrupt as error:
         set_interrupted(ls, True)
         if not catch_keyboard_interrupt:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ciclo._input.batch import Placed, Steps, batch_size
+from ciclo._input.batch import Steps, batch_size
 from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
 from ciclo._loop.runners import ScheduleBlame, fired
@@ -51,6 +51,7 @@ class Run:
             callback(self.ls)
 
     def batches(self, iterator: Any) -> None:
+        """Runs the batches of `iterator`, an iterator of `ciclo._input.batch.Item`."""
         ls, plan, stop, history = self.ls, self.plan, self.stop, self.ls.history
         size_fn = self.batch_size_fn
         current = self.current
@@ -60,11 +61,9 @@ class Run:
             iterator = iter(())
         elif watch is not None and watch(current.steps):  # SIGTERM while resuming
             self.preempted, iterator = True, iter(())
-        for batch in iterator:
-            if type(batch) is Placed:  # read ahead: its placed copy rides along
-                ls.placed, batch = batch, batch.batch
-            else:
-                ls.placed = None
+        for item in iterator:  # `Item`s of the input stage (`ciclo._input.stage`)
+            batch = item.batch
+            ls.placed = item  # its placed copy, its pass end: they ride along
             ls.batch, ls.elapsed, ls.logs = batch, current, new_logs(Logs)
             if not self.started:  # with the first batch, before its tasks
                 self._on_start()

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from ciclo._history.history import History
-from ciclo._input.batch import Placed
+from ciclo._input.batch import Item
 from ciclo._logs import Logs
 from ciclo._loop.callback import describe, split_output
 from ciclo._time import Elapsed
@@ -26,6 +26,7 @@ __all__ = [
     "after_commit",
     "committed",
     "interrupted",
+    "last_of_pass",
     "read_from",
 ]
 
@@ -91,7 +92,7 @@ class LoopState:
     stop_iteration: bool
     stopping: bool  # stop_after_batch() was called
     error: BaseException | None
-    placed: Placed | None
+    placed: Item | None
     _committed: Logs
     _borrowed: Logs | None
     _data: Any
@@ -121,8 +122,8 @@ class LoopState:
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
         self.error = None  # what the loop is ending with
-        # the batch's copy placed ahead by the input stage (a `ciclo._input.batch.Placed`)
-        # or None; a managed step uses it instead of placing the batch again
+        # the batch's `ciclo._input.batch.Item` from the input stage: a managed
+        # step takes its placed copy (if any) instead of placing the batch again
         self.placed = None
 
     @property
@@ -151,9 +152,23 @@ class LoopState:
 
 
 def read_from(ls: LoopState, data: Any) -> None:
-    """Makes `ls.data_state()` read the position of `data`, the iterator the
-    loop's batches come from."""
+    """Makes `ls.data_state()` read the position of `data`, the input stage the
+    loop's batches come from (`ciclo._input.stage.Inputs`)."""
     ls._data = data
+
+
+def last_of_pass(ls: LoopState) -> bool:
+    """Whether the current batch is the last of its pass (the epoch end of
+    `train_loop` without an `epoch_duration`), as the input stage says: when it
+    does not know yet, it reads the next batch of the pass, once, now. Callbacks
+    then get the batch as the stage kept it (its own copy, so that reading on
+    did not change it)."""
+    item = ls.placed
+    if item is None:
+        return False
+    ended = ls._data.last_of_pass(item)
+    ls.batch = item.batch
+    return ended
 
 
 def after_commit(ls: LoopState | Any, action: Callable[..., None]) -> bool:

@@ -16,8 +16,9 @@ on_validation_step (else on_test_step), on_test_batch_end,
 on_validation_batch_end; then on_test_end, on_validation_end.
 
 The parts it assembles live with their kind: the epoch end is a schedule
-(`_schedules.epoch`), the data a `_passes.Passes`, the test loops `inner_loop`
-callbacks (`ciclo._predefined.validation`).
+(`_schedules.epoch`) reading the pass ends the input stage gives
+(`ciclo._input.stage`, which `loop` then runs as it is), the test loops
+`inner_loop` callbacks (`ciclo._predefined.validation`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from ciclo._history.history import History
-from ciclo._input.fused import check_steps, declared_steps, fuse_passes
-from ciclo._input.passes import train_data
-from ciclo._input.prefetch import check_prefetch, prefetch_passes
+from ciclo._input.fused import check_steps, declared_steps
+from ciclo._input.passes import check_epochs
+from ciclo._input.prefetch import check_prefetch
 from ciclo._input.resume import nothing_left, prepare
+from ciclo._input.stage import inputs
 from ciclo._interrupts import scope as interrupt_scope
 from ciclo._logs import Logs
 from ciclo._loop.hooks import HookTable
@@ -193,7 +195,7 @@ def train_loop(
             )
             if test_duration is not None and not isinstance(test_duration, Mapping):
                 as_period(test_duration, "test_duration")
-            data = train_data(dataset, epochs, epoch_duration, elapsed, start_at)
+            check_epochs(epochs)
             start = elapsed if isinstance(elapsed, Elapsed) else Elapsed.create()
             stop_at = None if stop is None else as_period(stop, "stop")
             if epochs is not None and epoch_duration is not None:
@@ -203,12 +205,16 @@ def train_loop(
             if steps_per_call is None:
                 train_callbacks = [*named[on_train_step], *(v for _, v in ordinary)]
                 steps_per_call = declared_steps(train_callbacks, state) or 1
-            if check_steps(steps_per_call, "train_loop") > 1:
-                fuse_passes(data, steps_per_call, batch_size_fn, stop_at, start)
-            closer = prefetch_passes(data, state, prefetch, stop_at, start)
+            check_steps(steps_per_call, "train_loop")
+            data = inputs(
+                dataset, state=state, elapsed=elapsed, start_at=start_at,
+                stop=stop_at, steps_per_call=steps_per_call, prefetch=prefetch,
+                batch_size_fn=batch_size_fn, reread=True, epochs=epochs,
+                epoch_duration=epoch_duration,
+            )  # fmt: skip
             finite = epochs is None or epoch_duration is None  # data ends epochs
             epoch = EpochEnd(
-                epoch_duration, stop_at, start, data.exhausted if finite else None,
+                epoch_duration, stop_at, start, passes=finite,
                 count_from=data.completed,
             )  # fmt: skip
             builtin: dict[str, list[Any]] = {}
@@ -233,8 +239,6 @@ def train_loop(
             tasks, on_start, on_end = compile_table(
                 TRAIN, named, ordinary, epoch, builtin
             )
-            if closer is not None:  # its end hook first: the data position settles
-                on_end = [closer, *(on_end or [])]
             started = True  # from here on `loop` ends its own way
             with warnings.catch_warnings():  # said below, the train_loop way
                 warnings.simplefilter("ignore", EmptyDataWarning)
@@ -244,8 +248,6 @@ def train_loop(
                     metadata=metadata,
                     catch_keyboard_interrupt=catch_keyboard_interrupt,
                     batch_size_fn=batch_size_fn,
-                    steps_per_call=1,  # grouped above, before the epoch look-ahead
-                    prefetch=0,  # read ahead above, within each pass
                 )  # fmt: skip
         except BaseException as error:
             if started:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ciclo._loop.state import last_of_pass
 from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule
 from ciclo._time import Elapsed
@@ -19,8 +19,10 @@ class EpochEnd(Schedule):
 
     A batch ends an epoch when its `elapsed_after` crosses a multiple of `duration`
     (int steps or a `Period` of steps, samples, time) in any field, reaches `stop`,
-    or is the last of its pass (asked of `exhausted` only when neither holds and
-    no stop was requested, so no batch is read ahead for nothing). `start` is where
+    or, with `passes`, is the last of its pass (`last_of_pass`: the input stage
+    says it, reading the next batch of the pass when it does not know yet; asked
+    only when neither holds and no stop was requested, so no batch is read ahead
+    for nothing; the schedule never touches the data). `start` is where
     the loop starts counting, so resumed runs keep their epoch boundaries; `count`
     is the number of epochs ended so far (`count_from` at the start). One decision
     per batch: every named schedule of the epoch end gets the same answer.
@@ -36,7 +38,7 @@ class EpochEnd(Schedule):
         duration: int | Period | None,
         stop: Period | None,
         start: Elapsed,
-        exhausted: Callable[[], bool] | None,
+        passes: bool,
         count_from: int = 0,
     ):
         self.duration = (
@@ -49,7 +51,7 @@ class EpochEnd(Schedule):
                 f"is an instant, not a duration), e.g. ciclo.at(time=600); got "
                 f"{duration!r}."
             )
-        self.stop, self.exhausted = stop, exhausted
+        self.stop, self.passes = stop, passes
         self._fields = tuple(fields.items())  # read per batch: computed once
         self._index, self._for, self._ended = self._indices(start), None, False
         self.count = max(self._index, default=count_from)
@@ -65,8 +67,8 @@ class EpochEnd(Schedule):
             index = self._indices(after)
             ended = ended or any(new > old for new, old in zip(index, self._index))
             requested = loop_state.stopping or loop_state.stop_iteration
-            if not ended and not requested and self.exhausted is not None:
-                ended = self.exhausted()
+            if not ended and not requested and self.passes:
+                ended = last_of_pass(loop_state)
             self._index, self._for, self._ended = index, after, ended
             self.count += ended
             self.decided = True
