@@ -23,6 +23,7 @@ Subclass `Strategy` and override what differs; register it with
 
 from __future__ import annotations
 
+import copyreg
 from collections.abc import Callable
 from typing import Any
 
@@ -120,6 +121,38 @@ class Strategy:
     def __repr__(self) -> str:
         name = "" if self.name is None else repr(self.name)
         return f"{type(self).__name__}({name})"
+
+    # A state carries its strategy object (a static field of `ManagedState`); a
+    # name is a shorthand for the object registered under it. So that code which
+    # compares `state.strategy` with a name keeps working, a strategy equals each
+    # name it is registered under (`"-"` as `"_"`) and hashes as its own `name`;
+    # two strategies are equal only if they are the same object. Copies and
+    # pickles of a registered strategy are the registered object itself.
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            from ciclo._strategies.registry import lookup
+
+            return lookup(other) is self
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return object.__hash__(self) if self.name is None else hash(self.name)
+
+    def __copy__(self) -> Strategy:
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Strategy:
+        return self  # configuration and compiled-call caches: shared, not copied
+
+    def __reduce__(self) -> Any:
+        from ciclo._strategies.registry import get_strategy, lookup
+
+        if self.name is not None and lookup(self.name) is self:
+            return get_strategy, (self.name,)  # by name, like a function
+        return copyreg.__newobj__, (type(self),), self.__dict__
 
     def place_state(self, state: Any) -> Any:
         """Places a host (single-device) state for this strategy."""
