@@ -3,6 +3,12 @@
 Usage: python _fused_worker.py OUT.pkl
 For each strategy: one run of single steps and one fused run (K=4, 10 batches:
 calls of 4, 4 and 2 steps) of the same data; writes params and history columns.
+"matrix": every strategy (the six names and a `ciclo.sharded` data x model mesh)
+x steps_per_call (1, 4) through `train_loop`, and `loop` with prefetch on/off for
+the splitting strategies: the trained params. "placement": for `data_parallel` and
+`sharded`, the `jax.device_put` calls one placement makes and whether the numpy
+leaves they get are contiguous views of the caller's memory (no host copy, no
+transpose).
 """
 
 import os
@@ -16,6 +22,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import _managed_model as m
 import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
 
 import ciclo
 from ciclo import managed
@@ -41,5 +49,93 @@ for name in ["jit", "data_parallel", "sharded"]:
             "elapsed": (elapsed.steps, elapsed.samples),
         }
     out[name] = runs
+
+
+class Fit(managed.ManagedState):
+    train_step = managed.train_step(m.train_step.fn)
+
+
+mesh = jax.make_mesh((2, 2), ("data", "model"))
+two_axes = ciclo.sharded(mesh, rules=[("w1", P(None, "model")), ("w2", P("model"))])
+strategies = {
+    name: name
+    for name in [
+        "eager",
+        "jit",
+        "jit_donate",
+        "data_parallel",
+        "data_parallel_donate",
+        "sharded",
+    ]
+}
+strategies["sharded(2x2 mesh, rules)"] = two_axes
+matrix: dict = {}
+for label, strategy in strategies.items():
+    for k in (1, 4):
+        state = Fit.create(
+            params=m.init_params(), tx=m.optax.sgd(0.1, momentum=0.9), strategy=strategy
+        )
+        try:
+            state, _, elapsed = ciclo.train_loop(state, data, steps_per_call=k)
+            matrix[("train_loop", label, k, None)] = (
+                m.host_params(state),
+                elapsed.steps,
+            )
+        except Exception as error:  # reported by the test, with the others
+            matrix[("train_loop", label, k, None)] = repr(error)
+for label in ["data_parallel", "sharded", "sharded(2x2 mesh, rules)"]:
+    for prefetch in (0, 1):
+        state = Fit.create(
+            params=m.init_params(),
+            tx=m.optax.sgd(0.1, momentum=0.9),
+            strategy=strategies[label],
+        )
+        try:
+            state, _, elapsed = ciclo.loop(
+                state,
+                data,
+                {ciclo.every(1): Fit.train_step},
+                steps_per_call=K,
+                prefetch=prefetch,
+            )
+            matrix[("loop", label, K, prefetch)] = (m.host_params(state), elapsed.steps)
+        except Exception as error:
+            matrix[("loop", label, K, prefetch)] = repr(error)
+out["matrix"] = matrix
+
+calls: list = []
+put = jax.device_put
+
+
+def counting_put(x, *args, **kwargs):
+    calls.append([leaf for leaf in jax.tree.leaves(x) if isinstance(leaf, np.ndarray)])
+    return put(x, *args, **kwargs)
+
+
+jax.device_put = counting_put
+batch = data[0]
+stacked = tuple(np.stack([b[i] for b in data[:3]]) for i in range(2))  # 3 steps
+placement: dict = {}
+for name in ["data_parallel", "sharded"]:
+    strategy = ciclo.get_strategy(name)
+    for label, fn, given in [
+        ("batch", strategy.place_batch, batch),
+        ("steps", strategy.place_steps, stacked),
+    ]:
+        jax.block_until_ready(fn(given))  # first call: caches
+        calls.clear()
+        placed = jax.block_until_ready(fn(given))
+        placement[(name, label)] = {
+            "device_puts": len(calls),
+            "callers_memory": all(
+                leaf.flags.c_contiguous
+                and any(np.shares_memory(leaf, g) for g in given)
+                for call in calls
+                for leaf in call
+            ),
+            "shapes": [tuple(x.shape) for x in jax.tree.leaves(placed)],
+        }
+jax.device_put = put
+out["placement"] = placement
 with open(sys.argv[1], "wb") as f:
     pickle.dump(out, f)

@@ -183,6 +183,12 @@ class Strategy:
             return batch
         return self.place_batch(jax.tree.map(_batch_major, batch))
 
+    def wrap_steps(self, fn: Step, *, donate: bool = False) -> Step:
+        """As `wrap`, for a fused call: `fn` takes the batch as `place_steps`
+        placed it (`steps_major`: `(steps, batch, ...)`), which may need its own
+        mapping (`data_parallel` maps the batch's axis 1). By default `wrap`."""
+        return self.wrap(fn, donate=donate)
+
     def wrap(self, fn: Step, *, donate: bool = False) -> Step:
         """Returns the function that runs `fn(state, batch, elapsed) -> (logs,
         state)` under this strategy.

@@ -171,7 +171,8 @@ class ManagedStep(LoopElement):
         key = (strategy, mode, step_major)
         compiled = self._fused.get(key)
         if compiled is None:
-            compiled = self._fused[key] = strategy.wrap(
+            wrap = getattr(strategy, "wrap_steps", strategy.wrap)
+            compiled = self._fused[key] = wrap(
                 self._build_fused(strategy, mode, step_major),
                 donate=strategy.donate and self.grad,
             )
