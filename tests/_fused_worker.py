@@ -6,9 +6,9 @@ calls of 4, 4 and 2 steps) of the same data; writes params and history columns.
 "matrix": every strategy (the six names and a `ciclo.sharded` data x model mesh)
 x steps_per_call (1, 4) through `train_loop`, and `loop` with prefetch on/off for
 the splitting strategies: the trained params. "placement": for `data_parallel` and
-`sharded`, the `jax.device_put` calls one placement makes and whether the numpy
-leaves they get are contiguous views of the caller's memory (no host copy, no
-transpose).
+`sharded`, the transfer calls (`jax.device_put`, `jax.make_array_from_callback`)
+one placement makes and the numpy arrays they are handed: views of the caller's
+memory or not (a host copy, a transpose).
 """
 
 import os
@@ -101,16 +101,28 @@ for label in ["data_parallel", "sharded", "sharded(2x2 mesh, rules)"]:
             matrix[("loop", label, K, prefetch)] = repr(error)
 out["matrix"] = matrix
 
-calls: list = []
-put = jax.device_put
+transfers: list = []  # per transfer call: the numpy arrays it was handed
+put, from_callback = jax.device_put, jax.make_array_from_callback
 
 
 def counting_put(x, *args, **kwargs):
-    calls.append([leaf for leaf in jax.tree.leaves(x) if isinstance(leaf, np.ndarray)])
+    leaves = jax.tree.leaves(x)
+    transfers.append([leaf for leaf in leaves if isinstance(leaf, np.ndarray)])
     return put(x, *args, **kwargs)
 
 
-jax.device_put = counting_put
+def counting_callback(shape, sharding, callback, *args, **kwargs):
+    handed: list = []
+
+    def recorded(index):
+        handed.append(callback(index))
+        return handed[-1]
+
+    transfers.append(handed)
+    return from_callback(shape, sharding, recorded, *args, **kwargs)
+
+
+jax.device_put, jax.make_array_from_callback = counting_put, counting_callback
 batch = data[0]
 stacked = tuple(np.stack([b[i] for b in data[:3]]) for i in range(2))  # 3 steps
 placement: dict = {}
@@ -121,19 +133,17 @@ for name in ["data_parallel", "sharded"]:
         ("steps", strategy.place_steps, stacked),
     ]:
         jax.block_until_ready(fn(given))  # first call: caches
-        calls.clear()
+        transfers.clear()
         placed = jax.block_until_ready(fn(given))
+        handed = [x for call in transfers for x in call]
         placement[(name, label)] = {
-            "device_puts": len(calls),
-            "callers_memory": all(
-                leaf.flags.c_contiguous
-                and any(np.shares_memory(leaf, g) for g in given)
-                for call in calls
-                for leaf in call
-            ),
+            "transfers": len(transfers),
+            "views": bool(handed)
+            and all(any(np.shares_memory(x, g) for g in given) for x in handed),
+            "handed_shapes": [x.shape for x in handed],
             "shapes": [tuple(x.shape) for x in jax.tree.leaves(placed)],
         }
-jax.device_put = put
+jax.device_put, jax.make_array_from_callback = put, from_callback
 out["placement"] = placement
 with open(sys.argv[1], "wb") as f:
     pickle.dump(out, f)

@@ -19,6 +19,7 @@ from ciclo._strategies.base import (
     is_stateful_metric,
     tree_is_key,
 )
+from ciclo._strategies.transfer import put
 
 __all__ = ["DataParallel", "MappedCollectives", "split_batch"]
 
@@ -216,23 +217,28 @@ class DataParallel(Strategy):
         return jax.tree.map(unreplicate, state, is_leaf=is_stateful_metric)
 
     def place_batch(self, batch: Any) -> Any:
-        """`batch` split on its first axis, `(devices, B // devices, ...)`: one
-        `jax.device_put` of the whole tree."""
+        """`batch` split on its first axis, `(devices, B // devices, ...)` (a view
+        on the host), then transferred (`_put`)."""
         if batch is None:
             return None
-        split = split_batch(batch, len(self.devices), self.name)
-        return jax.device_put(split, self._sharding())
+        return self._put(split_batch(batch, len(self.devices), self.name), axis=0)
 
     # a fused batch (steps, batch, ...) is placed steps-major, as
     # (steps, devices, batch // devices, ...) with its device axis split: a view
-    # on the host (no transpose), one transfer, mapped on axis 1 (`wrap_steps`)
+    # on the host (no transpose), transferred as is, mapped on axis 1 (`wrap_steps`)
     steps_major = True
 
     def place_steps(self, batch: Any) -> Any:
         if batch is None:
             return None
-        split = split_batch(batch, len(self.devices), self.name, axis=1)
-        return jax.device_put(split, self._sharding(1))
+        return self._put(split_batch(batch, len(self.devices), self.name, 1), axis=1)
+
+    def _put(self, split: Any, axis: int) -> Any:
+        """A split batch onto the devices: each numpy leaf's per-device slices
+        (views) in one batched transfer (`ciclo._strategies.transfer.put`)."""
+        leaves, tree = jax.tree.flatten(split)
+        sharding = self._sharding(axis)
+        return jax.tree.unflatten(tree, put(leaves, [sharding] * len(leaves)))
 
     def lift_batch_size(self, batch_size: int) -> int:
         """Each local device gets `batch_size` samples: `batch_size * devices`.
