@@ -4,10 +4,15 @@ A strategy does four things, and never looks at log names:
 
 - `place_state(state)`: moves a host (single-device) state to the strategy's
   devices (replicated, sharded, ...); `to_host(state)` brings it back.
-- `place_batch(batch)`: places one batch (split or sharded across devices).
+- `place_batch(batch)`: places one batch (split or sharded across devices);
+  `place_steps(batch)` a fused one, `(steps, batch, ...)` (see `steps_major`).
 - `wrap(fn, *, donate)`: turns `fn(state, batch, elapsed) -> (logs, state)` into
   the function that runs it (compiled, mapped over devices, ...). Every leaf of the
-  logs it returns must be readable by the calling process.
+  logs it returns must be readable by the calling process. `wrap_steps` does the
+  same for a fused call (by default: `wrap`).
+
+A `ManagedState` carries its strategy object; a registered strategy equals the
+names it is registered under (see `Strategy`).
 
 Collectives happen inside the step through `strategy.collectives` (a
 `Collectives`: `mean`, `merge` and `concat` across the devices the step runs on;
@@ -87,6 +92,12 @@ class Strategy:
             object is not registered yet). Optional.
         donate: whether training steps donate the incoming state's buffers.
 
+    A state carries its strategy object (`ManagedState.strategy`); names are a
+    shorthand resolved at `create`. A strategy equals each name it is registered
+    under (`state.strategy == "jit"`) and hashes as its own `name`; two strategies
+    are equal only if they are the same object. A copy (`copy.deepcopy`) or pickle
+    of a registered strategy is the registered object.
+
     Attributes:
         name: the name given (never changed by `register_strategy`).
         donate: see above.
@@ -122,12 +133,8 @@ class Strategy:
         name = "" if self.name is None else repr(self.name)
         return f"{type(self).__name__}({name})"
 
-    # A state carries its strategy object (a static field of `ManagedState`); a
-    # name is a shorthand for the object registered under it. So that code which
-    # compares `state.strategy` with a name keeps working, a strategy equals each
-    # name it is registered under (`"-"` as `"_"`) and hashes as its own `name`;
-    # two strategies are equal only if they are the same object. Copies and
-    # pickles of a registered strategy are the registered object itself.
+    # equality with names, hash, copies and pickles: see the class docstring
+    # (code that compares `state.strategy` with a name keeps working)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, str):
