@@ -9,6 +9,8 @@ one (K=8 stacked), reports µs per placement (median of `repeats`, each the mean
   - `jax.device_put(batch, NamedSharding(mesh, P("data")))` (one batched call);
   - the same per leaf with `jax.make_array_from_process_local_data` (how
     `sharded` placed a batch before: one call per leaf);
+  - the same per leaf with `jax.make_array_from_callback` (each device's slice, a
+    view, handed to one batched transfer: what `data_parallel` and `sharded` do);
   - what a managed step does for each strategy (`Strategy.place_batch`, or
     `place_steps` for the fused batch).
 Results go in benchmarks/RESULTS.md by hand, with the machine and date.
@@ -65,6 +67,12 @@ def main() -> None:
             ),
             batch,
         ),
+        "per leaf make_array_from_callback": (
+            lambda b: [
+                jax.make_array_from_callback(x.shape, data, x.__getitem__) for x in b
+            ],
+            batch,
+        ),
     }
     for name in ["jit", "data_parallel", "sharded"]:
         strategy = ciclo.get_strategy(name)
@@ -79,7 +87,8 @@ def main() -> None:
             results[key].append(timed(fn, b, args.calls))
     print(
         f"# {platform.node()} {platform.machine()}, jax {jax.__version__}, "
-        f"{jax.device_count()} forced CPU devices"
+        f"{jax.device_count()} forced CPU devices, load average "
+        f"{os.getloadavg()[0]:.1f} at the end"
     )
     reference = statistics.median(results["device_put (one device)"])
     for key, values in results.items():

@@ -242,3 +242,54 @@ def test_a_resumed_fused_run_keeps_every_row(tmp_path):
     keys = ("steps", "samples", "losses.loss", "steps_seen")
     assert resumed.collect(*keys) == straight.collect(*keys)
     assert resumed.collect("steps") == list(range(12))
+
+
+MATRIX = [
+    "eager",
+    "jit",
+    "jit_donate",
+    "data_parallel",
+    "data_parallel_donate",
+    "sharded",
+    "sharded(2x2 mesh, rules)",
+]
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("name", MATRIX)
+def test_every_strategy_fused_or_not_equals_jit_on_four_devices(four_devices, name, k):
+    matrix = four_devices["matrix"]
+    reference, _ = matrix[("train_loop", "jit", 1, None)]
+    result = matrix[("train_loop", name, k, None)]
+    assert not isinstance(result, str), result  # the error it raised
+    params, steps = result
+    assert steps == 8 and max_diff(params, reference) < TOL
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize(
+    "name", ["data_parallel", "sharded", "sharded(2x2 mesh, rules)"]
+)
+def test_loop_fused_with_and_without_read_ahead_equals_jit(
+    four_devices, name, prefetch
+):
+    matrix = four_devices["matrix"]
+    reference, _ = matrix[("train_loop", "jit", 1, None)]
+    result = matrix[("loop", name, 4, prefetch)]
+    assert not isinstance(result, str), result
+    params, steps = result
+    assert steps == 8 and max_diff(params, reference) < TOL
+
+
+@pytest.mark.parametrize("what", ["batch", "steps"])
+@pytest.mark.parametrize("name", ["data_parallel", "sharded"])
+def test_a_batch_reaches_the_devices_from_the_callers_memory(four_devices, name, what):
+    placed = four_devices["placement"][(name, what)]
+    # one batched transfer per leaf (x, y) at most, never one per device
+    assert 1 <= placed["transfers"] <= 2
+    # what the transfers get are views of the batch: no host copy, no transpose
+    # (a fused batch of 3 steps reaches each device steps-major)
+    assert placed["views"], placed["handed_shapes"]
+    if what == "steps":
+        assert all(shape[0] == 3 for shape in placed["handed_shapes"])
+        assert all(shape[0] == 3 for shape in placed["shapes"])

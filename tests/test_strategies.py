@@ -174,3 +174,59 @@ def test_stateful_metric_field_accumulates_and_grad_norm_under_every_strategy(re
         np.testing.assert_allclose(acc[name]["accuracy"], expected, rtol=1e-6)
     assert acc["jit"]["lift"] == 8
     assert acc["data_parallel"]["lift"] == acc["sharded"]["lift"] == 32
+
+
+# -- a state carries its strategy as an object (in this process) ---------------------
+def test_a_state_carries_its_strategy_object_resolved_from_a_name():
+    jit = ciclo.get_strategy("jit")
+    state = managed.ManagedState.create(
+        params=jnp.zeros(2), tx=optax.sgd(0.1), strategy="jit"
+    )
+    assert state.strategy is jit
+    # a registered strategy equals (and hashes as) the name it is registered under
+    assert state.strategy == "jit" and state.strategy != "eager"
+    assert hash(state.strategy) == hash("jit") and {"jit": 1}[state.strategy] == 1
+    assert ciclo.get_strategy("data-parallel") == "data_parallel"
+    eager = state.with_strategy("eager")
+    assert eager.strategy is ciclo.get_strategy("eager")
+    assert eager.with_strategy(jit).strategy is jit
+
+
+def test_a_strategy_object_is_used_as_given_without_a_generated_name():
+    mesh = jax.make_mesh((1, 1), ("data", "model"))
+    strategy = ciclo.sharded(mesh, rules=[("w", jax.sharding.PartitionSpec())])
+    assert "sharded_" not in strategy.name and "model" in strategy.name
+    state = managed.ManagedState.create(
+        params={"w": jnp.ones(2)}, tx=optax.sgd(0.1), strategy=strategy
+    )
+    assert state.strategy is strategy
+    assert state.with_strategy(strategy.name) is state  # the name resolves to it
+
+
+def test_a_state_holding_a_strategy_name_still_runs_and_moves():
+    # states built before strategies were objects held the registered name
+    @managed.train_step
+    def fit(state, batch):
+        return ciclo.logs().add_loss("loss", jnp.sum((state.params - batch) ** 2))
+
+    state = managed.ManagedState.create(
+        params=jnp.zeros(2), tx=optax.sgd(0.25), strategy="jit"
+    ).replace(strategy="jit")
+    _, state = fit(state, jnp.ones(2))
+    np.testing.assert_allclose(state.params, [0.5, 0.5])
+    moved = state.with_strategy("eager")
+    assert moved.strategy is ciclo.get_strategy("eager")
+    np.testing.assert_allclose(moved.params, [0.5, 0.5])
+
+
+def test_a_state_copies_and_pickles_with_its_registered_strategy():
+    import copy
+    import pickle
+
+    dp = ciclo.get_strategy("data_parallel")
+    assert copy.deepcopy(dp) is dp
+    assert pickle.loads(pickle.dumps(dp)) is dp
+    state = managed.ManagedState.create(
+        params=jnp.zeros(2), tx=optax.sgd(0.1), strategy="data_parallel"
+    )
+    assert copy.deepcopy(state).strategy is dp

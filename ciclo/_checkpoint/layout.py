@@ -1,6 +1,6 @@
 """What of a state a checkpoint holds, and in which layout.
 
-A managed state (one whose `strategy` attribute names a registered strategy, such
+A managed state (one whose `strategy` attribute is a strategy, such
 as `ManagedState` / `FlaxState`) is saved in its single-device host layout
 (`strategy.to_host`) and restored into the host layout of the target, then placed
 with the target's strategy (`place_state`): a checkpoint moves freely between
@@ -25,21 +25,18 @@ __all__ = ["as_items", "host_layout", "put", "select", "strategy_of"]
 
 
 def strategy_of(state: Any) -> Any:
-    """The registered strategy a managed state names in `state.strategy`, or None.
+    """The strategy a managed state carries in `state.strategy` (or, in a state
+    from before strategies were objects, names), or None.
 
-    Duck-typed (any object with a `str` `strategy` attribute naming a registered
-    strategy), so that this module needs no import of `ciclo.managed`.
+    Duck-typed (any object with a `strategy` attribute), so that this module needs
+    no import of `ciclo.managed`.
     """
-    name = getattr(state, "strategy", None)
-    if not isinstance(name, str):
+    if getattr(state, "strategy", None) is None:
         return None
     # imported here: ciclo.callbacks is imported before ciclo.strategies
-    from ciclo._strategies.registry import get_strategy
+    from ciclo._strategies.registry import strategy_of as carried
 
-    try:
-        return get_strategy(name)
-    except ValueError:
-        return None
+    return carried(state)
 
 
 def host_layout(state: Any) -> Any:

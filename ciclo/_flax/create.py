@@ -124,8 +124,8 @@ def create_flax_state(
         >>> state = ciclo.create_flax_state(
         ...     nn.Dense(10), jnp.ones((1, 64)), optax.adam(1e-3),
         ...     losses={"loss": lambda preds, target: jnp.mean((preds - target) ** 2)})
-        >>> state.strategy, state.params["kernel"].shape
-        ('jit', (64, 10))
+        >>> state.strategy == "jit", state.params["kernel"].shape
+        (True, (64, 10))
         >>> logs, state = state.train_step((jnp.ones((2, 64)), jnp.zeros((2, 10))))
         >>> sorted(logs.stateful_metrics)
         ['avg_loss']

@@ -22,7 +22,7 @@ from ciclo._flax.adapter import Forward, ModelAdapter
 from ciclo._flax.batch import unpack_batch
 from ciclo._flax.objectives import RESERVED, Objectives, total_weight
 from ciclo._logs import SAMPLE_WEIGHT, WEIGHTS, Logs
-from ciclo._strategies.registry import get_strategy
+from ciclo._strategies.registry import strategy_of
 from ciclo.managed._step_logs import grad_logs
 
 __all__ = ["FlaxConfig", "FlaxState", "new_state"]
@@ -211,7 +211,7 @@ class FlaxState(managed.ManagedState):
             >>> int(state.reset_step().metric_states["avg_loss"].count)
             0
         """
-        strategy = get_strategy(self.strategy)
+        strategy = strategy_of(self)
         empty = _EMPTY.get(self.config)
         if empty is None:  # built once, kept on the host: no device op per reset
             empty = jax.device_get(self.config.objectives.empty_states())

@@ -71,17 +71,15 @@ def placer(state: Any, depth: int | None) -> Callable[[Any], Any] | None:
     """How the state's strategy places a batch ahead; None when nothing is read
     ahead: `depth == 0`, a state without a strategy (nothing to place), or the
     automatic depth (None) on a CPU (no transfer to overlap: no reader at all)."""
-    name = getattr(state, "strategy", None)
-    if depth == 0 or not isinstance(name, str):
+    if depth == 0 or getattr(state, "strategy", None) is None:
         return None
     if depth is None and not _accelerator():
         return None
-    from ciclo._strategies.registry import get_strategy
+    from ciclo._strategies.registry import strategy_of
     from ciclo.managed._placement import place_ahead  # only with a managed state
 
-    try:
-        strategy = get_strategy(name)
-    except ValueError:
+    strategy = strategy_of(state)
+    if strategy is None:
         return None
     return lambda batch: (strategy, place_ahead(strategy, batch))
 

@@ -4,10 +4,15 @@ A strategy does four things, and never looks at log names:
 
 - `place_state(state)`: moves a host (single-device) state to the strategy's
   devices (replicated, sharded, ...); `to_host(state)` brings it back.
-- `place_batch(batch)`: places one batch (split or sharded across devices).
+- `place_batch(batch)`: places one batch (split or sharded across devices);
+  `place_steps(batch)` a fused one, `(steps, batch, ...)` (see `steps_major`).
 - `wrap(fn, *, donate)`: turns `fn(state, batch, elapsed) -> (logs, state)` into
   the function that runs it (compiled, mapped over devices, ...). Every leaf of the
-  logs it returns must be readable by the calling process.
+  logs it returns must be readable by the calling process. `wrap_steps` does the
+  same for a fused call (by default: `wrap`).
+
+A `ManagedState` carries its strategy object; a registered strategy equals the
+names it is registered under (see `Strategy`).
 
 Collectives happen inside the step through `strategy.collectives` (a
 `Collectives`: `mean`, `merge` and `concat` across the devices the step runs on;
@@ -23,6 +28,7 @@ Subclass `Strategy` and override what differs; register it with
 
 from __future__ import annotations
 
+import copyreg
 from collections.abc import Callable
 from typing import Any
 
@@ -86,6 +92,12 @@ class Strategy:
             object is not registered yet). Optional.
         donate: whether training steps donate the incoming state's buffers.
 
+    A state carries its strategy object (`ManagedState.strategy`); names are a
+    shorthand resolved at `create`. A strategy equals each name it is registered
+    under (`state.strategy == "jit"`) and hashes as its own `name`; two strategies
+    are equal only if they are the same object. A copy (`copy.deepcopy`) or pickle
+    of a registered strategy is the registered object.
+
     Attributes:
         name: the name given (never changed by `register_strategy`).
         donate: see above.
@@ -121,6 +133,34 @@ class Strategy:
         name = "" if self.name is None else repr(self.name)
         return f"{type(self).__name__}({name})"
 
+    # equality with names, hash, copies and pickles: see the class docstring
+    # (code that compares `state.strategy` with a name keeps working)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            from ciclo._strategies.registry import lookup
+
+            return lookup(other) is self
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return object.__hash__(self) if self.name is None else hash(self.name)
+
+    def __copy__(self) -> Strategy:
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Strategy:
+        return self  # configuration and compiled-call caches: shared, not copied
+
+    def __reduce__(self) -> Any:
+        from ciclo._strategies.registry import get_strategy, lookup
+
+        if self.name is not None and lookup(self.name) is self:
+            return get_strategy, (self.name,)  # by name, like a function
+        return copyreg.__newobj__, (type(self),), self.__dict__
+
     def place_state(self, state: Any) -> Any:
         """Places a host (single-device) state for this strategy."""
         return state
@@ -149,6 +189,12 @@ class Strategy:
         if type(self).place_batch is Strategy.place_batch:
             return batch
         return self.place_batch(jax.tree.map(_batch_major, batch))
+
+    def wrap_steps(self, fn: Step, *, donate: bool = False) -> Step:
+        """As `wrap`, for a fused call: `fn` takes the batch as `place_steps`
+        placed it (`steps_major`: `(steps, batch, ...)`), which may need its own
+        mapping (`data_parallel` maps the batch's axis 1). By default `wrap`."""
+        return self.wrap(fn, donate=donate)
 
     def wrap(self, fn: Step, *, donate: bool = False) -> Step:
         """Returns the function that runs `fn(state, batch, elapsed) -> (logs,

@@ -19,32 +19,37 @@ from ciclo._strategies.base import (
     is_stateful_metric,
     tree_is_key,
 )
+from ciclo._strategies.transfer import put
 
 __all__ = ["DataParallel", "MappedCollectives", "split_batch"]
 
 
-def split_batch(batch: Any, devices: int, strategy: str) -> Any:
-    """Reshapes every leaf `(B, ...)` to `(devices, B // devices, ...)` with einop.
+def split_batch(batch: Any, devices: int, strategy: str, axis: int = 0) -> Any:
+    """Splits every leaf's batch axis `axis` into `(devices, B // devices)` with
+    einop: `(B, ...)` -> `(devices, B // devices, ...)`, or for a fused batch
+    (`axis=1`) `(steps, B, ...)` -> `(steps, devices, B // devices, ...)`. On a
+    numpy leaf this is a view (no copy).
 
-    Leaves without a shape are broadcast to `(devices,)`.
+    Leaves without a batch axis are broadcast along a new device axis `axis`.
 
     Raises:
         ValueError: if a leaf's batch size does not split across `devices`.
     """
+    pattern = "(d b) ... -> d b ..." if axis == 0 else "s (d b) ... -> s d b ..."
 
     def split(x: Any) -> Any:
         shape = np.shape(x)
-        if not shape:
-            return np.broadcast_to(x, (devices,))
-        if shape[0] % devices:
+        if len(shape) <= axis:
+            return np.broadcast_to(np.expand_dims(x, axis), (*shape, devices))
+        if shape[axis] % devices:
             raise ValueError(
-                f"Strategy {strategy!r}: a batch of size {shape[0]} (leaf shape "
+                f"Strategy {strategy!r}: a batch of size {shape[axis]} (leaf shape "
                 f"{shape}) does not split evenly across {devices} devices. Use a "
                 f"batch size that is a multiple of {devices}, e.g. "
-                f"{max(devices, shape[0] // devices * devices)}, or drop the last "
+                f"{max(devices, shape[axis] // devices * devices)}, or drop the last "
                 f"partial batch."
             )
-        return einop.einop(x, "(d b) ... -> d b ...", d=devices)
+        return einop.einop(x, pattern, d=devices)
 
     return jax.tree.map(split, batch)
 
@@ -167,7 +172,8 @@ class DataParallel(Strategy):
         super().__init__(name, donate=donate)
         self.collectives = MappedCollectives(self.axis)
         self._devices: list[jax.Device] | None = None
-        self._data: NamedSharding | None = None  # batch axis split over devices
+        # by axis: the device axis of a split batch (0) or fused batch (1)
+        self._data: dict[int, NamedSharding] = {}
         self._place: Any = None  # the jitted replication, built once
 
     @property
@@ -177,11 +183,17 @@ class DataParallel(Strategy):
             self._devices = jax.local_devices()
         return self._devices
 
-    def _sharding(self) -> NamedSharding:
-        if self._data is None:
-            mesh = jax.sharding.Mesh(np.array(self.devices), (self.axis,))
-            self._data = NamedSharding(mesh, P(self.axis))
-        return self._data
+    def _sharding(self, axis: int = 0) -> NamedSharding:
+        """The devices' axis `axis` split over the devices (pmap's `in_axes`)."""
+        sharding = self._data.get(axis)
+        if sharding is None:
+            if not self._data:
+                mesh = jax.sharding.Mesh(np.array(self.devices), (self.axis,))
+            else:
+                mesh = next(iter(self._data.values())).mesh
+            spec = P(*[None] * axis, self.axis)
+            sharding = self._data[axis] = NamedSharding(mesh, spec)
+        return sharding
 
     def place_state(self, state: Any) -> Any:
         sharding = self._sharding()
@@ -205,10 +217,28 @@ class DataParallel(Strategy):
         return jax.tree.map(unreplicate, state, is_leaf=is_stateful_metric)
 
     def place_batch(self, batch: Any) -> Any:
+        """`batch` split on its first axis, `(devices, B // devices, ...)` (a view
+        on the host), then transferred (`_put`)."""
         if batch is None:
             return None
-        split = split_batch(batch, len(self.devices), self.name)
-        return jax.device_put(split, self._sharding())
+        return self._put(split_batch(batch, len(self.devices), self.name), axis=0)
+
+    # a fused batch (steps, batch, ...) is placed steps-major, as
+    # (steps, devices, batch // devices, ...) with its device axis split: a view
+    # on the host (no transpose), transferred as is, mapped on axis 1 (`wrap_steps`)
+    steps_major = True
+
+    def place_steps(self, batch: Any) -> Any:
+        if batch is None:
+            return None
+        return self._put(split_batch(batch, len(self.devices), self.name, 1), axis=1)
+
+    def _put(self, split: Any, axis: int) -> Any:
+        """A split batch onto the devices: each numpy leaf's per-device slices
+        (views) in one batched transfer (`ciclo._strategies.transfer.put`)."""
+        leaves, tree = jax.tree.flatten(split)
+        sharding = self._sharding(axis)
+        return jax.tree.unflatten(tree, put(leaves, [sharding] * len(leaves)))
 
     def lift_batch_size(self, batch_size: int) -> int:
         """Each local device gets `batch_size` samples: `batch_size * devices`.
@@ -222,16 +252,32 @@ class DataParallel(Strategy):
         return batch_size * len(self.devices)
 
     def wrap(self, fn: Step, *, donate: bool = False) -> Step:
+        return self._mapped(fn, donate=donate, batch_axis=0)
+
+    def wrap_steps(self, fn: Step, *, donate: bool = False) -> Step:
+        """As `wrap`, for a fused call: the batch is mapped on axis 1 (`place_steps`
+        lays it out `(steps, devices, ...)`); `fn` gets it `(steps, B // devices,
+        ...)`."""
+        return self._mapped(fn, donate=donate, batch_axis=1)
+
+    def _mapped(self, fn: Step, *, donate: bool, batch_axis: int) -> Step:
         donated = (0,) if donate else ()
+        # on the devices the batch is placed on (pmap's own default is
+        # `jax.devices()`: a batch placed on another order would not match)
         pmap = partial(
-            jax.pmap, axis_name=self.axis, out_axes=(None, 0), donate_argnums=donated
+            jax.pmap,
+            axis_name=self.axis,
+            out_axes=(None, 0),
+            donate_argnums=donated,
+            devices=self.devices,
         )
+        b = batch_axis
         # no `None` argument through pmap (it misaligns pmap's argument shardings
         # in JAX 0.10 when the state and batch have few leaves): one mapped
         # function per combination of missing arguments, built when first needed
         builders = {
-            (True, True): lambda: pmap(fn, in_axes=(0, 0, None)),
-            (True, False): lambda: pmap(lambda s, b: fn(s, b, None), in_axes=(0, 0)),
+            (True, True): lambda: pmap(fn, in_axes=(0, b, None)),
+            (True, False): lambda: pmap(lambda s, x: fn(s, x, None), in_axes=(0, b)),
             (False, True): lambda: pmap(lambda s, e: fn(s, None, e), in_axes=(0, None)),
             (False, False): lambda: pmap(lambda s: fn(s, None, None), in_axes=(0,)),
         }

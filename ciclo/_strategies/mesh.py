@@ -1,24 +1,18 @@
-"""`ciclo.sharded(mesh, rules=..., fsdp=...)`: builds, names and registers a
-`Sharded` strategy (the same arguments give back the same object)."""
+"""`ciclo.sharded(mesh, rules=..., fsdp=...)`: builds a `Sharded` strategy, named
+by its arguments and registered under that name (the same arguments give back the
+same object)."""
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
+import jax
 from jax.sharding import Mesh
 
-from ciclo._strategies.registry import (
-    get_strategy,
-    register_strategy,
-    registered_strategies,
-)
+from ciclo._strategies.registry import get_strategy, lookup, register_strategy
 from ciclo._strategies.sharded import Sharded
 
 __all__ = ["sharded"]
-
-_MADE: dict[Any, Sharded] = {}
-_COUNT = itertools.count(1)
 
 
 def sharded(
@@ -58,8 +52,9 @@ def sharded(
         donate: training steps donate the state's buffers (reuse its memory).
 
     Returns:
-        The `Sharded` strategy, registered under a generated name
-        (`state.strategy`).
+        The `Sharded` strategy; its `name` is the call that builds it (e.g.
+        `"sharded(mesh={'data': 2, 'model': 2}, fsdp=True)"`), under which it is
+        registered (`state.with_strategy(strategy.name)` resolves to it).
 
     Raises:
         TypeError: for a mesh that is not a `Mesh`, a rule that is not a
@@ -86,26 +81,32 @@ def sharded(
     if defaults and not fsdp and not donate:
         return get_strategy("sharded")
     made = Sharded(
-        "sharded_tmp",
-        donate=donate,
-        mesh=mesh,
-        data_axis=data_axis,
-        rules=rules,
-        fsdp=fsdp,
+        "sharded", donate=donate, mesh=mesh, data_axis=data_axis, rules=rules, fsdp=fsdp
     )
-    key = (
-        made._user_mesh,
-        data_axis,
-        tuple((p.pattern, spec) for p, spec in made.rules),
-        fsdp,
-        donate,
-    )
-    found = _MADE.get(key)
-    if found is not None:
+    made.name = _name(made)
+    found = lookup(made.name)
+    if isinstance(found, Sharded):  # made before with the same arguments
         return found
-    taken = set(registered_strategies())
-    name = next(n for n in (f"sharded_{i}" for i in _COUNT) if n not in taken)
-    made.name = name
-    register_strategy(name, made)
-    _MADE[key] = made
+    register_strategy(made.name, made)
     return made
+
+
+def _name(strategy: Sharded) -> str:
+    """The call that builds `strategy`, as its name: one name per strategy."""
+    parts = []
+    mesh = strategy._user_mesh
+    if mesh is not None:
+        parts.append(f"mesh={dict(mesh.shape)}")
+        ids = [d.id for d in mesh.devices.flat]
+        if ids != [d.id for d in jax.devices()[: len(ids)]]:
+            parts.append(f"devices={ids}")
+    if strategy.data_axis != "data":
+        parts.append(f"data_axis={strategy.data_axis!r}")
+    if strategy.rules:
+        rules = [(pattern.pattern, spec) for pattern, spec in strategy.rules]
+        parts.append(f"rules={rules}")
+    if strategy.fsdp:
+        parts.append("fsdp=True")
+    if strategy.donate:
+        parts.append("donate=True")
+    return f"sharded({', '.join(parts)})"

@@ -9,9 +9,11 @@ from ciclo._strategies.base import Strategy
 
 __all__ = [
     "get_strategy",
+    "lookup",
     "register_strategy",
     "registered_name",
     "registered_strategies",
+    "strategy_of",
 ]
 
 _REGISTRY: dict[str, Strategy] = {}
@@ -104,6 +106,32 @@ def get_strategy(name: str | Strategy) -> Strategy:
             f"Unknown strategy {name!r}; registered strategies: "
             f"{registered_strategies()}. Add one with ciclo.register_strategy."
         ) from None
+
+
+def lookup(name: str) -> Strategy | None:
+    """The strategy registered under `name`, or None (no error)."""
+    return _REGISTRY.get(_normalize(name))
+
+
+def strategy_of(state: Any) -> Strategy | None:
+    """The strategy a managed state carries (`state.strategy`), or None for a
+    state without one. A state that holds a registered name (as states did before
+    they carried the object) gets the strategy registered under it.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> from ciclo import managed
+        >>> from ciclo._strategies.registry import strategy_of
+        >>> s = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1))
+        >>> strategy_of(s) is ciclo.get_strategy("jit"), strategy_of(object())
+        (True, None)
+    """
+    strategy = getattr(state, "strategy", None)
+    if isinstance(strategy, str):
+        return lookup(strategy)
+    if isinstance(strategy, Strategy) or callable(getattr(strategy, "wrap", None)):
+        return strategy  # (registered objects need not subclass Strategy)
+    return None
 
 
 def registered_name(strategy: Any) -> str | None:

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from ciclo._strategies.base import Step, Strategy, tree_is_key
 from ciclo._strategies.rules import FSDP_MIN_SIZE, check_rules, state_specs
 from ciclo._strategies.sharded_collectives import ShardedCollectives
+from ciclo._strategies.transfer import put
 
 __all__ = ["Sharded"]
 
@@ -224,29 +225,33 @@ class Sharded(Strategy):
 
     def _place(self, batch: Any, axis: int) -> Any:
         """`batch` with each leaf's axis `axis` split on the data axis (scalars
-        replicated): in one process one `jax.device_put` of the whole tree, on
+        replicated): in one process each numpy leaf's per-device slices (views)
+        handed to one batched transfer (`ciclo._strategies.transfer.put`), on
         several each process's local slice per leaf."""
         leaves, tree = jax.tree.flatten(batch)
-        key = (self.mesh, axis, tree, tuple(np.shape(x) for x in leaves))
+        key = (self.mesh, axis, tree, *[np.shape(x) for x in leaves])
         cached = self._placements.get(key)
         if cached is None:  # once per batch structure and shapes
-            cached = self._placements[key] = self._shardings(*key)
+            cached = self._placements[key] = self._shardings(
+                self.mesh, axis, [np.shape(x) for x in leaves]
+            )
         shardings, several = cached
         if not several:
-            return jax.device_put(batch, shardings)
+            return jax.tree.unflatten(tree, put(leaves, shardings))
         placed = [
             jax.device_put(x, sharding)
             if not sharding.spec
             else jax.make_array_from_process_local_data(sharding, x)
-            for x, sharding in zip(leaves, jax.tree.leaves(shardings))
+            for x, sharding in zip(leaves, shardings)
         ]
         return jax.tree.unflatten(tree, placed)
 
     def _shardings(
-        self, mesh: Mesh, axis: int, tree: Any, shapes: tuple[tuple[int, ...], ...]
-    ) -> tuple[Any, bool]:
-        """The sharding of each leaf (a tree like the batch's) and whether several
-        processes place their local slices; raises for a leaf that does not split."""
+        self, mesh: Mesh, axis: int, shapes: list[tuple[int, ...]]
+    ) -> tuple[list[NamedSharding], bool]:
+        """The sharding of each leaf (a list, in the batch's leaf order) and
+        whether several processes place their local slices; raises for a leaf
+        that does not split."""
         replicated = NamedSharding(mesh, P())
         data = NamedSharding(mesh, P(*([None] * axis), self.data_axis))
         local = self._local_data_shards()
@@ -258,7 +263,7 @@ class Sharded(Strategy):
             if shape[axis] % local:
                 raise ValueError(self._uneven(shape, axis, local))
             shardings.append(data)
-        return jax.tree.unflatten(tree, shardings), jax.process_count() > 1
+        return shardings, jax.process_count() > 1
 
     def _uneven(self, shape: tuple[int, ...], axis: int, local: int) -> str:
         mesh = self.mesh

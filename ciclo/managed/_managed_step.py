@@ -24,7 +24,7 @@ from ciclo._logs import Logs
 from ciclo._loop.callback import arity, describe, split_output
 from ciclo._short import short
 from ciclo._strategies.base import Collectives, Strategy
-from ciclo._strategies.registry import get_strategy
+from ciclo._strategies.registry import get_strategy, strategy_of
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.managed._fused_steps import at_step, check_fused, fold
@@ -122,14 +122,15 @@ class ManagedStep(LoopElement):
     def _run(
         self, state: Any, batch: Any, elapsed: Any, ahead: Placed | None
     ) -> tuple[Logs, Any]:
-        name = getattr(state, "strategy", None)
-        if not isinstance(name, str):
+        strategy = strategy_of(state)
+        if strategy is None:
+            if isinstance(getattr(state, "strategy", None), str):
+                get_strategy(state.strategy)  # a name not registered: says so
             raise TypeError(
                 f"{self!r} needs a ciclo.managed.ManagedState (a state with a "
                 f"`strategy`), got {type(state).__name__}. Create it with "
                 f"managed.ManagedState.create(params=..., tx=..., strategy='jit')."
             )
-        strategy = get_strategy(name)
         if type(batch) is Steps:
             return self._call_fused(strategy, state, batch, elapsed, ahead)
         compiled = self._compiled.get(strategy)
@@ -173,7 +174,8 @@ class ManagedStep(LoopElement):
         key = (strategy, mode, step_major)
         compiled = self._fused.get(key)
         if compiled is None:
-            compiled = self._fused[key] = strategy.wrap(
+            wrap = getattr(strategy, "wrap_steps", strategy.wrap)
+            compiled = self._fused[key] = wrap(
                 self._build_fused(strategy, mode, step_major),
                 donate=strategy.donate and self.grad,
             )
@@ -246,7 +248,7 @@ class ManagedStep(LoopElement):
             ) from None
         if new_state is None:
             new_state = state
-        elif not isinstance(getattr(new_state, "strategy", None), str):
+        elif strategy_of(new_state) is None:
             raise TypeError(
                 f"Managed step {describe(fn)} returned a {type(new_state).__name__} "
                 f"where the state was expected; return logs (ciclo.logs()), the "

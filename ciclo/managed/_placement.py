@@ -2,7 +2,8 @@
 
 A batch is placed with the strategy, possibly ahead of its step by the loop
 (`place_ahead`, for `ciclo._input.prefetch`); a fused batch `(steps, batch, ...)` is
-laid out batch-major for a strategy that splits the batch axis; `elapsed` goes
+placed by `Strategy.place_steps` (steps-major for the built-in strategies,
+batch-major for a custom one that overrides only `place_batch`); `elapsed` goes
 into a compiled step packed into two arrays.
 """
 

@@ -1,4 +1,4 @@
-"""`ManagedState`: a Flax `TrainState` that carries the name of its strategy."""
+"""`ManagedState`: a Flax `TrainState` that carries its strategy (the object)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ciclo._strategies.registry import (
     get_strategy,
     register_strategy,
     registered_name,
+    strategy_of,
 )
 
 __all__ = ["ManagedState"]
@@ -32,45 +33,37 @@ def _public(strategy: Strategy) -> tuple[type, dict[str, Any]]:
     return type(strategy), attributes
 
 
-def resolve(strategy: str | Strategy) -> tuple[str, Strategy]:
-    """`(registered name, strategy)` for a name or a `Strategy` object.
+def resolve(strategy: str | Strategy) -> Strategy:
+    """The strategy object a state carries, for a name or a `Strategy` object.
 
-    A `Strategy` object already registered is used under its (first) registered
-    name; otherwise, when an equal one (same type and public attributes, e.g.
-    `Jit()` for `"jit"`) is registered under its `name`, that one is used; else it
-    is registered under its `name`.
+    A name is resolved through the registry (once, here). A `Strategy` object
+    registered or without a `name` is used as is; an unregistered one with a
+    `name` is used as the registered one when that is equal (same type and public
+    attributes, e.g. `Jit()` for `"jit"`: compiled steps are shared), else
+    registered under its `name`, so that the name resolves to it.
 
     Raises:
-        TypeError: for something that is neither a str nor a `Strategy`, or an
-            unregistered `Strategy` without a `name`.
+        TypeError: for something that is neither a str nor a `Strategy`.
         ValueError: for an unknown name, or a `Strategy` whose name is taken by a
             different one.
     """
     if isinstance(strategy, str):
-        get_strategy(strategy)  # raises for an unknown name
-        return strategy.replace("-", "_"), get_strategy(strategy)
+        return get_strategy(strategy)  # raises for an unknown name
     if not isinstance(strategy, Strategy):
         raise TypeError(
             f"`strategy` must be a registered name (e.g. 'jit') or a "
             f"ciclo.Strategy, got {type(strategy).__name__}: {short(strategy)}."
         )
-    name = registered_name(strategy)
-    if name is not None:
-        return name, strategy
-    if strategy.name is None:
-        raise TypeError(
-            f"The strategy {strategy!r} is not registered and has no name; "
-            f"register it first with ciclo.register_strategy('my_name', strategy), "
-            f"or give it a name: {type(strategy).__name__}('my_name')."
-        )
+    if strategy.name is None or registered_name(strategy) is not None:
+        return strategy  # (an unnamed one is carried without a name)
     try:
         registered = get_strategy(strategy.name)
     except ValueError:
         registered = None
     if registered is not None and _public(registered) == _public(strategy):
-        return strategy.name.replace("-", "_"), registered  # e.g. `Jit()` for "jit"
+        return registered  # e.g. `Jit()` for "jit"
     register_strategy(strategy.name, strategy)  # raises if the name is taken
-    return strategy.name.replace("-", "_"), strategy
+    return strategy
 
 
 def as_param_specs(params: Any, specs: Any) -> tuple[tuple[str, Any], ...]:
@@ -115,10 +108,13 @@ class ManagedState(train_state.TrainState):
     `merge`) accumulates it: when a managed step logs a stateful metric of the
     same name, the metric is merged into the field and the accumulated value is
     logged. Reset it by replacing the field with an empty metric placed for the
-    strategy: `ciclo.get_strategy(state.strategy).place_state(Metric.empty())`.
+    strategy: `state.strategy.place_state(Metric.empty())`.
 
     Attributes:
-        strategy: the registered name of the strategy (static, not a pytree leaf).
+        strategy: the `Strategy` object (static, not a pytree leaf), resolved
+            from a name at `create` / `with_strategy`. A registered strategy
+            compares equal to the name it is registered under (`state.strategy ==
+            "jit"`).
         param_specs: static `(path, PartitionSpec)` pairs: where parameters are
             annotated to live on a mesh (`ciclo.sharded` uses them for the
             parameters its rules do not place). `create(param_specs=...)` takes a
@@ -130,11 +126,11 @@ class ManagedState(train_state.TrainState):
         >>> from ciclo import managed
         >>> state = managed.ManagedState.create(
         ...     params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), strategy="jit")
-        >>> state.strategy, int(state.step)
-        ('jit', 0)
+        >>> state.strategy, state.strategy == "jit", int(state.step)
+        (Jit('jit'), True, 0)
     """
 
-    strategy: str = struct.field(pytree_node=False)
+    strategy: Strategy = struct.field(pytree_node=False)
     param_specs: tuple[tuple[str, Any], ...] = struct.field(
         pytree_node=False, default=(), kw_only=True
     )
@@ -157,10 +153,11 @@ class ManagedState(train_state.TrainState):
             apply_fn: optional function stored with the state (e.g. `module.apply`).
             strategy: a registered strategy name (`"eager"`, `"jit"`,
                 `"jit_donate"`, `"data_parallel"`, `"data_parallel_donate"`,
-                `"sharded"`) or a `Strategy` object: used under the name it is
-                registered with; if unregistered, registered under its `name`,
-                unless an equal one (same type and public attributes, e.g. `Jit()`
-                for `"jit"`) is registered there, which is then used.
+                `"sharded"`), resolved here to its object, or a `Strategy` object
+                (e.g. `ciclo.sharded(mesh)`), carried as is; an unregistered one
+                is registered under its `name`, unless an equal one (same type and
+                public attributes, e.g. `Jit()` for `"jit"`) is registered there,
+                which is then used.
             **fields: values for the fields that subclasses add.
 
         Returns:
@@ -176,13 +173,13 @@ class ManagedState(train_state.TrainState):
             >>> from ciclo import managed
             >>> s = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.adam(1e-3))
             >>> s.strategy
-            'jit'
+            Jit('jit')
         """
-        name, chosen = resolve(strategy)
+        chosen = resolve(strategy)
         if "param_specs" in fields:
             fields["param_specs"] = as_param_specs(params, fields["param_specs"])
         state = super().create(
-            apply_fn=apply_fn, params=params, tx=tx, strategy=name, **fields
+            apply_fn=apply_fn, params=params, tx=tx, strategy=chosen, **fields
         )
         return chosen.place_state(state)
 
@@ -250,11 +247,13 @@ class ManagedState(train_state.TrainState):
             >>> from ciclo import managed
             >>> s = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(1.0))
             >>> s.with_strategy("eager").strategy
-            'eager'
+            Eager('eager')
         """
-        name, target = resolve(strategy)
-        current = get_strategy(self.strategy)
+        target = resolve(strategy)
+        current = strategy_of(self)
+        if current is None:  # a name no longer registered
+            current = get_strategy(self.strategy)  # (raises, listing the names)
         if target is current:
             return self
         host = current.to_host(self)
-        return target.place_state(host.replace(strategy=name))
+        return target.place_state(host.replace(strategy=target))
