@@ -95,9 +95,6 @@ class Item:
         return f"Item({self.batch!r:.60}, last_of_pass={self.last_of_pass})"
 
 
-Placed = Item  # the name the managed step's annotations use
-
-
 def host_copy(batch: Any) -> Any:
     """`batch` with its numpy leaves copied (others are immutable)."""
     kind = type(batch)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo._input.batch import Placed, Steps, placed_for
+from ciclo._input.batch import Item, Steps, placed_for
 from ciclo._logs import Logs
 from ciclo._loop.callback import arity, describe, split_output
 from ciclo._short import short
@@ -120,7 +120,7 @@ class ManagedStep(LoopElement):
         return self._run(ls.state, ls.batch, ls.elapsed, ls.placed)
 
     def _run(
-        self, state: Any, batch: Any, elapsed: Any, ahead: Placed | None
+        self, state: Any, batch: Any, elapsed: Any, ahead: Item | None
     ) -> tuple[Logs, Any]:
         strategy = strategy_of(state)
         if strategy is None:
@@ -164,7 +164,7 @@ class ManagedStep(LoopElement):
         state: Any,
         steps: Steps,
         elapsed: Any,
-        ahead: Placed | None,
+        ahead: Item | None,
     ) -> tuple[Logs, Any]:
         """Runs the `steps.n` steps of a fused batch in one compiled call."""
         mode = self.fused_logs or getattr(state, "fused_logs", None) or "all"
