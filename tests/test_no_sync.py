@@ -285,3 +285,46 @@ def test_the_guard_refuses_implicit_reads_only():
                 implicit(value[0] + 1)
         np.testing.assert_array_equal(jax.device_get(value), [1.0, 2.0, 3.0])
     assert float(value[0]) == 1.0  # outside: allowed again
+
+
+# -- each configuration in a fresh process -------------------------------------------
+# In one process an earlier test can leave state behind that hides a drain (a type
+# learnt from a first value, a compiled function): each configuration here runs
+# alone in its own interpreter (`_gate_worker.py`), with the loop's default
+# history, and the gate holds a step until the loop is far past it.
+
+GATE_CONFIGS = [
+    "fused",  # train_loop(..., steps_per_call=32), nothing else
+    "writers",  # csv, jsonl (and TensorBoard when installed)
+    "bars",  # keras_bar and tqdm_bar, redrawn in place and plain, every step
+    "nan_guard",
+    "lr_monitor",  # from the optimizer state and from a schedule
+    "checkpoint",  # saving at the epoch ends, after the gap
+    "test_loop",  # a test loop at the epoch ends, after the gap
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", GATE_CONFIGS)
+def test_each_configuration_runs_ahead_in_a_fresh_process(config, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(here.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    proc = subprocess.run(
+        [sys.executable, str(here / "_gate_worker.py"), config, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=here,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith(f"ok {config}"), proc.stdout
