@@ -50,6 +50,9 @@ class HistoryStore:
         # collection -> name -> column: `_columns` without building a key per entry
         self._by_collection: dict[str, dict[str, Column]] = {}
         self._fetched = 0  # rows below this one are all on the host
+        # the rows committed at the last read that brought them all to the host
+        # (a checkpoint's save, `collect`): their values were computed by then
+        self._flushed_at = -1
         self._started = 0  # rows below this one are on the host or in flight
         # started transfers, oldest first: (rows below `upto`, [(column, n)], transfer)
         self._in_flight: collections.deque[tuple[int, list, Any]] = collections.deque()
@@ -66,6 +69,13 @@ class HistoryStore:
         transfer (every `lag` commits) and by a read's flush (e.g. a checkpoint's
         save); observers that write rows out write then."""
         return self._fetched
+
+    @property
+    def flushed_at(self) -> int:
+        """How many rows were committed when a read last brought every committed
+        row to the host, waiting for the device (a checkpoint's save, `collect`);
+        -1 before any. The lagged transfer and `poll` do not count."""
+        return self._flushed_at
 
     # -- writing ------------------------------------------------------------------
     def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
@@ -220,12 +230,14 @@ class HistoryStore:
         also holds newer rows not computed yet is dropped (its rows are fetched
         again later), and the rows are copied as they are (no stacking, which
         would wait for every step queued since)."""
+        full = upto is None or upto >= self._rows  # `flushed_at` then
         if upto is None:
             upto = self._rows
-        if upto <= self._fetched:
-            return
-        with DEFERRED:  # Ctrl-C meanwhile: raised once the values are in
-            self._fetch_below(upto)
+        if upto > self._fetched:
+            with DEFERRED:  # Ctrl-C meanwhile: raised once the values are in
+                self._fetch_below(upto)
+        if full:
+            self._flushed_at = self._rows
 
     def _fetch_below(self, upto: int) -> None:
         partial = upto < self._rows

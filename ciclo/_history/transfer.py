@@ -60,10 +60,10 @@ def fetch(
     dispatched now is computed only after every step dispatched before it: a
     read of some rows that must not wait for the newest step (a flush up to a
     row) copies them as they are."""
-    return start(groups, stack=stack).result()
+    return (start(groups) if stack else _begin(groups, stack=False)).result()
 
 
-def start(groups: list[list[Any]], *, stack: bool = True) -> Transfer:
+def start(groups: list[list[Any]]) -> Transfer:
     """Starts bringing each group of values (a column's pending values) to the
     host, without waiting for the device: device scalars are stacked on the
     device, one array per dtype (a value in several groups or rows, by
@@ -73,7 +73,12 @@ def start(groups: list[list[Any]], *, stack: bool = True) -> Transfer:
 
     jax's concrete array type is learnt here, per call, from the first value
     that is a `jax.Array` (a column may start with a fused call's `Row`): no
-    state outlives the call. `stack=False`: see `fetch`."""
+    state outlives the call."""
+    return _begin(groups, stack=True)
+
+
+def _begin(groups: list[list[Any]], *, stack: bool) -> Transfer:
+    """`start`; `stack=False`: device scalars are not stacked (see `fetch`)."""
     array_impl: type | None = None
     scalars: dict[Any, tuple[list[Any], dict[int, int]]] = {}  # dtype -> values
     stacked: dict[int, Any] = {}  # id -> a fused call's stacked array
