@@ -157,11 +157,12 @@ class History(HistoryStore):
         return self._fetched
 
     def read_within(self, rows: int | None) -> None:
-        """Asks the stream to start a transfer at least every `rows // 2` commits
-        (at least every commit), so that rows reach the host within about `rows`
-        commits while the device keeps up (nan_guard's `max_lag`); None: back to
-        every `lag` commits. The bound on rows pending (`4 * lag`) is unchanged."""
-        self._every = self.lag if rows is None else max(1, min(self._every, rows // 2))
+        """Asks the stream to start a transfer at least every `rows` commits (at
+        least every commit), so that a reader that must see rows within about
+        `rows` commits (nan_guard's `max_lag`) finds them on the host, computed
+        and read, while the device keeps up; None: back to every `lag` commits.
+        The bound on rows pending (`4 * lag`) is unchanged."""
+        self._every = self.lag if rows is None else max(1, min(self._every, rows))
 
     def row_at(self, step: int, lo: int = 0) -> int:
         """The index of the first row from `lo` on whose `steps` is `step` or

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +44,8 @@ def _bad(value: Any) -> Any:
     """The first NaN or infinite element of `value` (fetched), or None."""
     if value is None:
         return None
+    if type(value) is float:  # the history's scalars
+        return None if math.isfinite(value) else value
     array = np.asarray(value)
     if array.dtype.kind not in "fc" or np.isfinite(array).all():
         return None
@@ -63,8 +66,8 @@ class nan_guard(LoopElement):
     no transfer of its own: it checks each row as it arrives on the host (a
     value the step logged as a host number, at once), and the loop stops at the
     end of the batch where it saw the bad value (`loop_state.stop_after_batch()`).
-    With `max_lag=k` the history starts a transfer at least every `k // 2`
-    commits while the guard runs (`History.read_within`), and the guard waits
+    With `max_lag=k` the history starts a transfer at least every `k` commits
+    while the guard runs (`History.read_within`), and the guard waits
     for a row when `k` newer steps are unchecked (that row only, not the newest
     step), so the loop ends at most `k` steps after the bad one (by default 8;
     `max_lag=0` checks every step synchronously and stops on the bad step
@@ -182,8 +185,17 @@ class nan_guard(LoopElement):
         return names, values
 
     def _watched(self, logs: Mapping[str, Mapping[str, Any]]) -> tuple[list, list]:
-        pairs = {(c, n): v for c, e in logs.items() for n, v in e.items()}
-        return self._watched_pairs(pairs)
+        if self.watch is not None:
+            pairs = {(c, n): v for c, e in logs.items() for n, v in e.items()}
+            return self._watched_pairs(pairs)
+        names, values = [], []
+        for collection, entries in logs.items():
+            watched = collection in _WATCHED
+            for name, value in entries.items():
+                if (watched or name == "grad_norm") and _numeric(value):
+                    names.append(f"{collection}.{name}")
+                    values.append(value)
+        return names, values
 
     def bad_entry(self, logs: Mapping[str, Mapping[str, Any]]) -> str | None:
         """The first watched entry of `logs` (host values) that is bad, or None.
