@@ -22,6 +22,9 @@ LOSSES = "losses"
 METRICS = "metrics"
 STATEFUL_METRICS = "stateful_metrics"
 OUTPUTS = "outputs"
+# The collections bars and writers show by default, by bare entry name; a name
+# logged in several of them (`add_loss(..., add_metric=True)`) is shown once.
+SHOWN_COLLECTIONS = (LOSSES, METRICS, STATEFUL_METRICS)
 # A step's total sample weight, when its batch carries `sample_weight`: the
 # weight of that step in a weighted mean (instead of its row count). Flax states'
 # test steps log it; any step may.

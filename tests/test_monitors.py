@@ -177,6 +177,46 @@ def test_nan_guard_lag_bound_and_good_state():
     assert int(state) == 5 and int(guard.good_state) == 5
 
 
+def test_nan_guard_checks_every_step_of_a_fused_call():
+    # the guard reads the history's rows: a NaN in a middle step of a fused call
+    # (its logs hold only the call's last step) is found, named by its own step
+    @managed.train_step
+    def step(state, batch):
+        x, index = batch
+        loss = jnp.sum(state.params * x) ** 2
+        return ciclo.logs().add_loss(
+            "loss", jnp.where(index == 5, jnp.nan, loss)
+        ), state
+
+    state = managed.ManagedState.create(params=jnp.ones(3), tx=optax.sgd(0.0))
+    batches = [(np.ones(3, np.float32), np.int32(i)) for i in range(16)]
+    guard = ciclo.nan_guard(action="warn")
+    with pytest.warns(RuntimeWarning, match=r"losses.loss is nan at step 5"):
+        _, _, elapsed = ciclo.train_loop(
+            state, batches, {ciclo.on_train_step: step}, callbacks=[guard],
+            steps_per_call=4,
+        )  # fmt: skip
+    assert guard.found[:2] == (5, "losses.loss")
+    assert elapsed.steps <= 5 + 8 + 4  # max_lag (8), and the call it is seen in
+
+
+def test_nan_guard_max_lag_routes_to_the_historys_cadence():
+    # one policy for how late a row is read, the history's: with the guard in the
+    # loop, rows reach the host every few commits (not every `lag` = 64)
+    def on_host(state, batch, elapsed, loop_state):
+        seen.append(loop_state.history.on_host)
+
+    for guard, expected in [(None, 0), (ciclo.nan_guard(max_lag=6), 6)]:
+        seen: list[int] = []
+        guarded = [] if guard is None else [guard]
+        ciclo.loop(0, range(10), {ciclo.every(1): [host_step, *guarded, on_host]})
+        assert max(seen) >= expected and (guard is not None or max(seen) == 0)
+
+
+def host_step(state, batch):
+    return ciclo.logs().add_loss("loss", 1.0), state + 1
+
+
 def test_nan_guard_watches_grad_norm_and_only_what_is_asked():
     def step(state, batch):
         logs = ciclo.logs().add_loss("loss", 1.0)

@@ -285,3 +285,114 @@ def test_the_guard_refuses_implicit_reads_only():
                 implicit(value[0] + 1)
         np.testing.assert_array_equal(jax.device_get(value), [1.0, 2.0, 3.0])
     assert float(value[0]) == 1.0  # outside: allowed again
+
+
+# -- each configuration in a fresh process -------------------------------------------
+# In one process an earlier test can leave state behind that hides a drain (a type
+# learnt from a first value, a compiled function): each configuration here runs
+# alone in its own interpreter (`_gate_worker.py`), with the loop's default
+# history, and the gate holds a step until the loop is far past it.
+
+GATE_CONFIGS = [
+    "fused",  # train_loop(..., steps_per_call=32), nothing else
+    "writers",  # csv, jsonl (and TensorBoard when installed)
+    "bars",  # keras_bar and tqdm_bar, redrawn in place and plain, every step
+    "nan_guard",
+    "lr_monitor",  # from the optimizer state and from a schedule
+    "checkpoint",  # saving at the epoch ends, after the gap
+    "test_loop",  # a test loop at the epoch ends, after the gap
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", GATE_CONFIGS)
+def test_each_configuration_runs_ahead_in_a_fresh_process(config, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(here.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    proc = subprocess.run(
+        [sys.executable, str(here / "_gate_worker.py"), config, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=here,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith(f"ok {config}"), proc.stdout
+
+
+# -- one stream: only the history's transfer moves values to the host -----------------
+
+
+@pytest.mark.parametrize("steps_per_call", [None, 4])
+def test_observers_make_no_transfer_of_their_own(steps_per_call, tmp_path, monkeypatch):
+    # bars, nan_guard, writers and lr_monitor read the loop's History: every
+    # device-to-host copy ciclo makes during the run comes from its one transfer
+    # module (`ciclo/_history/transfer.py`)
+    import pathlib
+    import sys
+
+    from ciclo import managed
+
+    package = pathlib.Path(ciclo.__file__).parent
+    callers: list[str] = []
+
+    def caller() -> None:
+        frame = sys._getframe(2)
+        while frame is not None:
+            path = pathlib.Path(frame.f_code.co_filename)
+            if package in path.parents:
+                callers.append(path.relative_to(package.parent).as_posix())
+                return
+            frame = frame.f_back
+
+    device_get, array_type = jax.device_get, type(jnp.zeros(()))
+    copy = array_type.copy_to_host_async
+
+    def counted_get(*args, **kwargs):
+        caller()
+        return device_get(*args, **kwargs)
+
+    def counted_copy(self):
+        caller()
+        return copy(self)
+
+    schedule = optax.linear_schedule(0.1, 0.0, STEPS)
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=schedule)
+    state = managed.ManagedState.create(params=jnp.zeros(3), tx=tx, strategy="jit")
+    with Gate(hold=0, ahead=None) as gate, quiet():
+        gate.release()  # nothing held
+        train_step, test_step = managed_steps(gate)
+        monkeypatch.setattr(jax, "device_get", counted_get)
+        monkeypatch.setattr(array_type, "copy_to_host_async", counted_copy)
+        kwargs = {} if steps_per_call is None else {"steps_per_call": steps_per_call}
+        _, history, elapsed = ciclo.train_loop(
+            state,
+            batches(),
+            {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
+            callbacks=[
+                ciclo.keras_bar(total=STEPS, interval=0.0, plain=False),
+                ciclo.tqdm_bar(plain=True, plain_interval=0.0, file=io.StringIO()),
+                ciclo.nan_guard(),
+                ciclo.csv_logger(tmp_path / "log.csv"),
+                ciclo.jsonl_logger(tmp_path / "log.jsonl"),
+                ciclo.lr_monitor(),
+                ciclo.lr_monitor(schedule, name="scheduled"),
+            ],
+            test_dataset=lambda: batches(2),
+            epoch_duration=STEPS // 2,
+            stop=STEPS,
+            **kwargs,
+        )
+    assert elapsed.steps == STEPS and len(history.collect("loss")) == STEPS
+    assert callers, "no transfer seen: the counting is broken"
+    assert set(callers) == {"ciclo/_history/transfer.py"}, sorted(set(callers))

@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from ciclo._history import transfer
 from ciclo._history.columns import ElapsedColumn, column_values
 from ciclo._history.store import HistoryStore
+from ciclo._interrupts import DEFERRED
 from ciclo._locate import locate
 from ciclo._logs import Logs
 
@@ -137,6 +139,77 @@ class History(HistoryStore):
             self._flush()
             return
         self._flush(upto)
+
+    def poll(self) -> int:
+        """Moves the stream on without waiting: reads the transfers in flight whose
+        values are computed and, when none is left in flight, starts one for the
+        rows committed since (read by a later poll or commit). For a reader that
+        shows the newest values on a clock (a progress bar's redraw) rather than
+        every `lag` commits. Returns `on_host`."""
+        in_flight = self._in_flight
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the rows read are in
+            while in_flight and in_flight[0][2].ready():
+                self._complete()
+            if not in_flight and self._rows > self._started:
+                self._start(self._rows)
+                if in_flight and in_flight[0][2].ready():  # host values: at once
+                    self._complete()
+        return self._fetched
+
+    def read_within(self, rows: int | None) -> None:
+        """Asks the stream to start a transfer at least every `rows` commits (at
+        least every commit), so that a reader that must see rows within about
+        `rows` commits (nan_guard's `max_lag`) finds them on the host, computed
+        and read, while the device keeps up; None: back to every `lag` commits.
+        The bound on rows pending (`4 * lag`) is unchanged."""
+        self._every = self.lag if rows is None else max(1, min(self._every, rows))
+
+    def row_at(self, step: int, lo: int = 0) -> int:
+        """The index of the first row from `lo` on whose `steps` is `step` or
+        more (`len(history)` when none is): rows below it are the steps before
+        `step`."""
+        steps = self._elapsed[0].values
+        return bisect.bisect_left(steps, step, lo, len(steps))
+
+    def latest(self, collections: tuple[str, ...]) -> dict[str, Any]:
+        """The newest value on the host of each entry of `collections` (no
+        transfer, no wait), by bare name (a name in several of them takes the
+        value of the last one listed)."""
+        out: dict[str, Any] = {}
+        by_collection: dict[str, list[tuple[str, Any]]] = {}
+        for (owner, name), column in self._columns.items():
+            values = column.values
+            if owner in collections and len(values):
+                by_collection.setdefault(owner, []).append((name, values[-1]))
+        for collection in collections:
+            out.update(by_collection.get(collection, ()))
+        return out
+
+    def host_entries(
+        self, start: int, stop: int
+    ) -> list[tuple[int, dict[tuple[str, str], Any]]]:
+        """The rows `start` to `stop` that are on the host (below `on_host`; no
+        transfer, no wait), each as `(steps, {(collection, name): value})`."""
+        stop = min(stop, self._fetched)
+        if stop <= start:
+            return []
+        entries: list[dict[tuple[str, str], Any]] = [{} for _ in range(stop - start)]
+        for key, column in self._columns.items():
+            if isinstance(column, ElapsedColumn):
+                continue
+            rows, values = column.rows, column.values
+            lo = bisect.bisect_left(rows, start)
+            for i in range(lo, bisect.bisect_left(rows, stop, lo)):
+                entries[rows[i] - start][key] = values[i]
+        steps = self._elapsed[0].values[start:stop]
+        return list(zip(steps, entries, strict=True))
+
+    def wait_for(self, values: list[Any]) -> list[Any]:
+        """`values` of the step in progress (logged, not committed yet) on the
+        host, waiting for them: the stream's one synchronous read, for a reader
+        that must see a step before its row is committed (a bar's final line,
+        `nan_guard(max_lag=0)`). A value that cannot be read becomes None."""
+        return transfer.get(values)
 
     def host_rows(
         self, start: int, stop: int, collections: tuple[str, ...]

@@ -37,6 +37,9 @@ class HistoryStore:
         if not isinstance(lag, int) or lag < 1:
             raise ValueError(f"`lag` must be a positive int, got {lag!r}.")
         self.lag = lag
+        # commits between two transfers: `lag`, or less while a reader in the
+        # loop asks for rows sooner (`read_within`, e.g. nan_guard's `max_lag`)
+        self._every = lag
         self._rows = 0
         self._elapsed = tuple(ElapsedColumn(t) for t in ("q", "q", "d", "d"))
         self._columns: dict[tuple[str, str], Column | ElapsedColumn] = {
@@ -47,6 +50,9 @@ class HistoryStore:
         # collection -> name -> column: `_columns` without building a key per entry
         self._by_collection: dict[str, dict[str, Column]] = {}
         self._fetched = 0  # rows below this one are all on the host
+        # the rows committed at the last read that brought them all to the host
+        # (a checkpoint's save, `collect`): their values were computed by then
+        self._flushed_at = -1
         self._started = 0  # rows below this one are on the host or in flight
         # started transfers, oldest first: (rows below `upto`, [(column, n)], transfer)
         self._in_flight: collections.deque[tuple[int, list, Any]] = collections.deque()
@@ -63,6 +69,13 @@ class HistoryStore:
         transfer (every `lag` commits) and by a read's flush (e.g. a checkpoint's
         save); observers that write rows out write then."""
         return self._fetched
+
+    @property
+    def flushed_at(self) -> int:
+        """How many rows were committed when a read last brought every committed
+        row to the host, waiting for the device (a checkpoint's save, `collect`);
+        -1 before any. The lagged transfer and `poll` do not count."""
+        return self._flushed_at
 
     # -- writing ------------------------------------------------------------------
     def commit(self, elapsed: Elapsed, logs: Logs | Mapping[str, Any]) -> None:
@@ -100,7 +113,7 @@ class HistoryStore:
         time.values.append(float(elapsed.time))
         date.values.append(float(elapsed.date))
         self._rows = row = row + 1
-        if row - self._started >= self.lag or row - self._fetched >= 4 * self.lag:
+        if row - self._started >= self._every or row - self._fetched >= 4 * self.lag:
             self._advance()
 
     def _column(self, collection: str, name: str) -> Column:
@@ -147,7 +160,7 @@ class HistoryStore:
         time.values.extend([float(elapsed.time)] * (n - 1))
         date.values.extend([float(elapsed.date)] * (n - 1))
         self._rows = row = first + n - 1
-        if row - self._started >= self.lag or row - self._fetched >= 4 * self.lag:
+        if row - self._started >= self._every or row - self._fetched >= 4 * self.lag:
             self._advance()
         last = new_elapsed(
             s0 + n - 1, m0 + (n - 1) * per_step, elapsed.date, elapsed.date_start
@@ -155,7 +168,7 @@ class HistoryStore:
         self._append(last, logs)
 
     def _advance(self) -> None:
-        """The lagged transfer, every `lag` commits: reads the started transfers
+        """The lagged transfer, every `lag` commits (`_every`): reads the started transfers
         whose values are computed (oldest first, without waiting), then starts
         one for the rows committed since. When `4 * lag` rows are not on the host
         yet (the device is far behind), waits for the oldest `lag` of them."""
@@ -168,7 +181,7 @@ class HistoryStore:
             self._complete()
         if wait and self._fetched < goal:  # nothing was in flight for those rows
             self._flush(goal)
-        if self._rows - self._started >= self.lag:
+        if self._rows - self._started >= self._every:
             self._start(self._rows)
 
     def _take(self, upto: int) -> list[tuple[Column, int, int]]:
@@ -212,22 +225,36 @@ class HistoryStore:
         self._fetched = upto
 
     def _flush(self, upto: int | None = None) -> None:
-        """Brings the values of rows below `upto` (all by default) to the host."""
+        """Brings the values of rows below `upto` (all by default) to the host,
+        waiting for the device for those rows only: a transfer in flight that
+        also holds newer rows not computed yet is dropped (its rows are fetched
+        again later), and the rows are copied as they are (no stacking, which
+        would wait for every step queued since)."""
+        full = upto is None or upto >= self._rows  # `flushed_at` then
         if upto is None:
             upto = self._rows
-        if upto <= self._fetched:
-            return
-        with DEFERRED:  # Ctrl-C meanwhile: raised once the values are in
-            self._fetch_below(upto)
+        if upto > self._fetched:
+            with DEFERRED:  # Ctrl-C meanwhile: raised once the values are in
+                self._fetch_below(upto)
+        if full:
+            self._flushed_at = self._rows
 
     def _fetch_below(self, upto: int) -> None:
-        while self._in_flight and self._fetched < upto:
+        partial = upto < self._rows
+        in_flight = self._in_flight
+        while in_flight and self._fetched < upto:
+            if partial and in_flight[0][0] > upto and not in_flight[0][2].ready():
+                in_flight.clear()  # its values are still pending: fetched again
+                self._started = self._fetched
+                break
             self._complete()
         if self._fetched < upto:
             taken = self._take(upto)
             if taken:
                 # fetched before anything changes: Ctrl-C in the transfer loses nothing
-                fetched = transfer.fetch([c.pending[:n] for c, _, n in taken])
+                fetched = transfer.fetch(
+                    [c.pending[:n] for c, _, n in taken], stack=not partial
+                )
                 for (column, _, n), values in zip(taken, fetched):
                     column.extend(values)
                     column.pending = column.pending[n:]

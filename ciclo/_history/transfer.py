@@ -26,7 +26,7 @@ try:  # the scope `jax.device_get` marks its own transfers explicit with
 except ImportError:  # pragma: no cover - a jax that moved it
     _explicit_scope = None
 
-__all__ = ["Row", "Transfer", "array_type", "explicit", "fetch", "start", "to_host"]
+__all__ = ["Row", "Transfer", "explicit", "fetch", "get", "start"]
 
 
 def explicit() -> contextlib.AbstractContextManager:
@@ -49,27 +49,18 @@ class Row:
         self.stacked, self.index = stacked, index
 
 
-_ARRAY_IMPL: type | None = None
-
-
-def _array_impl() -> type:
-    """jax's concrete array type, found on first use (an array made at import would
-    start the backend before the user's `jax.distributed.initialize`)."""
-    global _ARRAY_IMPL
-    if _ARRAY_IMPL is None:
-        _ARRAY_IMPL = type(jnp.zeros(()))
-    return _ARRAY_IMPL
-
-
-def array_type() -> type | None:
-    """jax's concrete array type once a device value was fetched, else None."""
-    return _ARRAY_IMPL
-
-
-def fetch(groups: list[list[Any]]) -> list[np.ndarray | list[Any]]:
+def fetch(
+    groups: list[list[Any]], *, stack: bool = True
+) -> list[np.ndarray | list[Any]]:
     """Each group of values (a column's pending values) on the host, with few
-    transfers (see `start`); waits for the values to be computed."""
-    return start(groups).result()
+    transfers (see `start`); waits for the values to be computed.
+
+    `stack=False` dispatches no computation: device scalars are copied each. A
+    device runs its computations in order (jax's CPU client too), so a stack
+    dispatched now is computed only after every step dispatched before it: a
+    read of some rows that must not wait for the newest step (a flush up to a
+    row) copies them as they are."""
+    return (start(groups) if stack else _begin(groups, stack=False)).result()
 
 
 def start(groups: list[list[Any]]) -> Transfer:
@@ -77,22 +68,32 @@ def start(groups: list[list[Any]]) -> Transfer:
     host, without waiting for the device: device scalars are stacked on the
     device, one array per dtype (a value in several groups or rows, by
     identity, is stacked once); each stacked array of a fused call is copied
-    once; `Transfer.result()` slices them on the host. Anything else goes
-    through `to_host` when the result is read."""
-    array_impl = _ARRAY_IMPL
-    if array_impl is None and any(isinstance(g[0], jax.Array) for g in groups):
-        array_impl = _array_impl()  # an array exists: the backend is up already
+    once; `Transfer.result()` slices them on the host. Anything else is copied
+    as it is (`get`) when the result is read.
+
+    jax's concrete array type is learnt here, per call, from the first value
+    that is a `jax.Array` (a column may start with a fused call's `Row`): no
+    state outlives the call."""
+    return _begin(groups, stack=True)
+
+
+def _begin(groups: list[list[Any]], *, stack: bool) -> Transfer:
+    """`start`; `stack=False`: device scalars are not stacked (see `fetch`)."""
+    array_impl: type | None = None
     scalars: dict[Any, tuple[list[Any], dict[int, int]]] = {}  # dtype -> values
     stacked: dict[int, Any] = {}  # id -> a fused call's stacked array
     others: list[Any] = []
     plans = []
     for values in groups:
         first = values[0]
+        if array_impl is None and isinstance(first, jax.Array):
+            array_impl = type(first)
         dtype = getattr(first, "dtype", None)
         keys = list(map(id, values))
         distinct = dict(zip(keys, values))  # by identity, in order
         if (
-            type(first) is array_impl
+            stack
+            and type(first) is array_impl
             and first.ndim == 0
             and first.dtype.kind in "iuf"
             and all(
@@ -109,10 +110,12 @@ def start(groups: list[list[Any]]) -> Transfer:
         plan: list[list[Any]] = []  # [kind, source, indices] runs
         for v in values:
             kind = type(v)
+            if array_impl is None and kind is not Row and isinstance(v, jax.Array):
+                array_impl = kind
             if kind is Row:
                 source, i = v.stacked, v.index
                 stacked.setdefault(id(source), source)
-            elif kind is array_impl and v.ndim == 0 and v.dtype.kind in "iuf":
+            elif stack and kind is array_impl and v.ndim == 0 and v.dtype.kind in "iuf":
                 kind, source = "scalar", v.dtype
                 bucket, seen = scalars.setdefault(source, ([], {}))
                 i = seen.get(id(v))
@@ -142,31 +145,43 @@ class Transfer:
         for dtype, (values, _) in scalars.items():
             host[dtype] = _stack_scalars(values)
         host.update(stacked)
+        device = [
+            v
+            for value in (*host.values(), others)
+            for v in (value if isinstance(value, list) else (value,))
+            if isinstance(v, jax.Array)
+        ]
         with explicit():  # started as `jax.device_get` starts its copies
-            for value in host.values():
-                if isinstance(value, jax.Array):
+            for value in device:
+                with contextlib.suppress(Exception):  # e.g. a deleted array
                     value.copy_to_host_async()
         self._host, self._others, self._plans = host, others, plans
-        self._device = [
-            v for v in (*host.values(), *others) if isinstance(v, jax.Array)
-        ]
+        self._device = device
 
     def ready(self) -> bool:
-        """Whether every value is computed (so `result()` does not wait)."""
-        return all(value.is_ready() for value in self._device)
+        """Whether every value is computed (so `result()` does not wait); a deleted
+        or failed value counts as computed (reading it does not wait)."""
+        for value in self._device:
+            try:
+                if not value.is_ready():
+                    return False
+            except Exception:
+                continue
+        return True
 
     def result(self) -> list[np.ndarray | list[Any]]:
         """Each group on the host: one numpy array when its parts share a dtype
         (appended in bulk), else a list."""
-        # explicit transfers (allowed under jax.transfer_guard("disallow")); a list
-        # holds scalars that could not be stacked, already on the host
+        # explicit transfers (allowed under jax.transfer_guard("disallow")) of
+        # computed values: nothing is dispatched here (it would wait for every
+        # step queued since); a list holds scalars that could not be stacked
         host = {
             key: np.asarray(jax.device_get(value))
             if isinstance(value, jax.Array)
-            else value
+            else get(value)
             for key, value in self._host.items()
         }
-        others = to_host(self._others) if self._others else self._others
+        others = get(self._others) if self._others else self._others
         out: list[Any] = []
         for plan in self._plans:
             parts = []
@@ -190,42 +205,28 @@ class Transfer:
 
 def _stack_scalars(values: list[jax.Array]) -> jax.Array | list[Any]:
     """Device scalars of one dtype stacked on the device (not waited for); scalars
-    on different devices come back each, on the host."""
+    on different devices as they are (each copied when read)."""
     size = 1 << (len(values) - 1).bit_length()  # few shapes, few compiles
     try:
         return _stack(*values, *[values[0]] * (size - len(values)))
     except (TypeError, ValueError):  # not all scalars, or on different devices
-        return to_host(values)
+        return list(values)
 
 
-def to_host(values: list[Any]) -> list[Any]:
-    """`values` (no `Row`s: `fetch` slices those) on the host: device scalars stacked
-    on the device and fetched with one transfer per (dtype, sharding); other device
-    arrays in one `jax.device_get`."""
-    out = list(values)
-    scalars: dict[Any, list[int]] = {}
-    arrays: list[int] = []
-    for i, value in enumerate(values):
-        if isinstance(value, jax.Array):
-            if value.shape == () and not jax.dtypes.issubdtype(
-                value.dtype, jax.dtypes.prng_key
-            ):
-                scalars.setdefault((value.dtype, value.sharding), []).append(i)
-            else:
-                arrays.append(i)
-    for index in scalars.values():
-        if len(index) == 1:
-            arrays.append(index[0])
-            continue
-        size = 1 << (len(index) - 1).bit_length()  # few shapes, few compiles
-        padded = [values[i] for i in index] + [values[index[0]]] * (size - len(index))
-        host = jax.device_get(_stack(*padded))
-        for j, i in enumerate(index):
-            out[i] = host[j]
-    if arrays:
-        for i, value in zip(arrays, jax.device_get([values[i] for i in arrays])):
-            out[i] = value
-    return out
+def get(values: list[Any]) -> list[Any]:
+    """`values` on the host, each copied as it is (`jax.device_get`: an explicit
+    transfer, which waits for these values only and dispatches nothing); a value
+    that cannot be read (a deleted, donated or failed array) becomes `None`."""
+    try:
+        return jax.device_get(list(values))
+    except Exception:
+        out = []
+        for value in values:
+            try:
+                out.append(jax.device_get(value))
+            except Exception:
+                out.append(None)
+        return out
 
 
 @jax.jit

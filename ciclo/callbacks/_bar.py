@@ -6,7 +6,9 @@ the throttled, lagged redraw (how far along a `total` the run is comes from
 terminal, or plain lines on anything else — a log file, a pipe, CI: every
 `plain_interval` seconds, and at each epoch end of `train_loop` an epoch summary
 (every train and test scalar the epoch-end step logged, exact, and the epoch's
-seconds per step), printed once its values are computed (no wait on the device).
+seconds per step), printed once the history has brought that step's row to the
+host (no wait on the device). Values come from the run's `History`
+(`ciclo.callbacks._shown`): a bar makes no device-to-host transfer of its own.
 Subclasses only draw: `_stream()`, `_draw(current, target, unit, values)`,
 `_draw_epoch(current, target, unit, values, per_step)` and `_close(current,
 target, unit, values)`, reading `_plain`, `_seconds`, `_rate` and
@@ -21,22 +23,23 @@ from __future__ import annotations
 
 import math
 import time as _time
+from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ciclo._input.batch import batch_size
+from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo._period import Period
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
-from ciclo.callbacks._lagged import SHOWN_COLLECTIONS, LaggedQueue, LaggedValues
 from ciclo.callbacks._progress import (
-    as_number,
     check_seconds,
     check_total,
     is_terminal,
     progress,
     run_seconds,
 )
+from ciclo.callbacks._shown import Shown, number
 
 if TYPE_CHECKING:
     from ciclo._loop.state import LoopState
@@ -72,9 +75,10 @@ class ProgressBar(LoopElement):
         self._steps_only = self.total is not None and self.total.fields().keys() == {
             "steps"
         }
-        self._values = LaggedValues()
-        # epoch summaries waiting for their values to be computed, in order
-        self._summaries = LaggedQueue(max_pending=8)
+        self._values = Shown()
+        # epoch summaries waiting for their row to reach the host, in order:
+        # (rows once the epoch-end batch is committed, where, the step's values)
+        self._summaries: deque[tuple[int, tuple, dict[str, Any]]] = deque()
         self._epoch_mark = _EpochEnd(self)
         self.closed = False
         self._reset()
@@ -121,14 +125,14 @@ class ProgressBar(LoopElement):
             logs: the step's logs; their losses and metrics are shown.
             batch: that batch, so a `total` in samples counts its samples too.
         """
-        self._values.offer(logs)
+        self._values.commit(elapsed, logs)
         size = 0 if batch is None else batch_size(batch)
         after = elapsed.update(size)
         self._epoch(logs, elapsed, after)
         self._update(after)
 
     def __loop_callback__(self, loop_state: LoopState) -> tuple[None, None]:
-        self._values.offer(loop_state.logs)
+        self._values.follow(loop_state.history, loop_state.logs)
         if self._epoch_ended or self._summaries or self._epoch_from is None:
             self._epoch(loop_state.logs, loop_state.elapsed, loop_state.elapsed_after)
         if not self._finished and self._due(loop_state.elapsed):
@@ -140,8 +144,7 @@ class ProgressBar(LoopElement):
         if not self._finished and self._open:
             # what the loop committed last, also from a batch cut short (Ctrl-C)
             # after the bar's own call
-            self._values.offer(loop_state.accumulated_logs)
-            self._finish(loop_state.elapsed)
+            self._finish(loop_state.elapsed, loop_state.accumulated_logs)
         self._reset()
 
     def close(self) -> None:
@@ -161,9 +164,9 @@ class ProgressBar(LoopElement):
         return self._plain
 
     def _epoch(self, logs: Any, before: Elapsed, after: Elapsed) -> None:
-        """At an epoch end, queues its summary (the step's scalar losses and
-        metrics, as they are: device values are not waited for); prints the
-        queued ones whose values are computed."""
+        """At an epoch end, queues its summary (the scalar losses and metrics of
+        the step's history row, read once on the host); prints the queued ones
+        whose rows are on the host."""
         if self._finished:  # the total is reached: the bar is closed
             self._epoch_ended = False
             return
@@ -181,35 +184,48 @@ class ProgressBar(LoopElement):
             )
             self._epoch_from = (after.steps, now)
             current, target, unit = progress(self.total, after)
-            names, values = [], []
+            values: dict[str, Any] = {}  # the step's, read only if its row is not
             for collection in SHOWN_COLLECTIONS:
-                for name, value in ((logs or {}).get(collection) or {}).items():
-                    if name not in names:
-                        names.append(name)
-                        values.append(value)
-            # first-logged first (train entries, then the test ones), like Keras
-            seen = {name: i for i, name in enumerate(self._values.names())}
-            order = sorted(
-                range(len(names)), key=lambda i: seen.get(names[i], len(seen) + i)
-            )
-            names, values = [names[i] for i in order], [values[i] for i in order]
-            where = (current, target, unit, run_seconds(after), per_step, names)
-            self._summaries.push(where, values)
+                values.update((logs or {}).get(collection) or {})
+            where = (current, target, unit, run_seconds(after), per_step)
+            stop = self._values.rows_after(after.steps - before.steps)
+            self._summaries.append((stop, where, values))
         elif self._epoch_ended:
             self._epoch_from = (after.steps, _time.time())
         if self._summaries:
             self._print_summaries()
 
     def _print_summaries(self, drain: bool = False, end: float | None = None) -> bool:
-        """Prints the queued summaries whose values are computed (all with
+        """Prints the queued summaries whose rows are on the host (all with
         `drain`, waiting); whether the last one printed was at `end`."""
-        ready = self._summaries.drain() if drain else self._summaries.pop_ready()
-        for (current, target, unit, seconds, per_step, names), values in ready:
-            shown = {}
-            for name, value in zip(names, values):
-                number = as_number(value)
-                if number is not None:
-                    shown[name] = number
+        summaries, shown_values = self._summaries, self._values
+        history = shown_values.history
+        if summaries and history is not None:
+            history.poll()
+        while summaries:
+            stop, (current, target, unit, seconds, per_step), values = summaries[0]
+            row = shown_values.row(stop)
+            if row is None and drain and history is not None:
+                if stop <= len(history):  # committed: wait for it
+                    history.fetch(stop)
+                    row = shown_values.row(stop)
+                else:  # not committed yet (the bar closes within its batch)
+                    host = history.wait_for(list(values.values()))
+                    row = {
+                        name: scalar
+                        for name, scalar in zip(values, map(number, host))
+                        if scalar is not None
+                    }
+            if row is None:
+                if not drain:
+                    break
+                row = {}
+            summaries.popleft()
+            # first-logged first (train entries, then the test ones), like Keras
+            seen = {name: i for i, name in enumerate(shown_values.names())}
+            order = list(row)
+            names = sorted(order, key=lambda n: seen.get(n, len(seen) + order.index(n)))
+            shown = {name: row[name] for name in names}
             self._seconds = seconds
             self._draw_epoch(current, target, unit, shown, per_step)
             self._summary_at = current
@@ -258,7 +274,7 @@ class ProgressBar(LoopElement):
         self._last_draw = now
         self._draw(current, target, unit, self._values.read())
 
-    def _finish(self, done: Elapsed) -> None:
+    def _finish(self, done: Elapsed, logs: Any = None) -> None:
         current, target, unit = progress(self.total, done)
         drawn = self._last_position
         if drawn is not None and drawn[0] > current:
@@ -269,7 +285,7 @@ class ProgressBar(LoopElement):
         self._end_summarized = self._print_summaries(drain=True, end=current)
         self._seconds = run_seconds(done)
         self._finished = True
-        self._close(current, target, unit, self._values.read_final())
+        self._close(current, target, unit, self._values.read_final(logs))
         self.closed = True
 
     def _rate(self, current: float) -> float | None:

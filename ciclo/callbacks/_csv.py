@@ -9,7 +9,7 @@ import math
 import os
 from typing import Any, TextIO
 
-from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
+from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo.callbacks._rows import ELAPSED_COLUMNS, Row
 from ciclo.callbacks._writer import Writer
 

@@ -55,9 +55,11 @@ class keras_bar(ProgressBar):
     Shows the losses, metrics and stateful metrics logged so far (by bare name, each
     once, latest value — not averaged, since one bar spans the whole run), with an
     ETA when `total` is known, once the bar has timed some progress (no ETA before
-    there is a rate). Values are read lagged: a device array is converted only once
-    it is ready, and the bar redraws at most every `interval` seconds, so it never
-    makes the host wait for the device during training. The final values are shown
+    there is a rate). Values are read lagged from the loop's `History` (the run's
+    one device-to-host stream; the bar makes no transfer of its own): each redraw
+    shows the newest value on the host, and the bar redraws at most every
+    `interval` seconds, so it never makes the host wait for the device during
+    training. The final values are shown
     when the total is reached or the loop ends (also on Ctrl-C or an error), and
     the line is then closed with a newline.
 
@@ -74,7 +76,7 @@ class keras_bar(ProgressBar):
 
         400/1000 - 12s - 25ms/step - loss: 0.3821 - loss_test: 0.4012
 
-    The summary is printed once its values are computed (no wait on the
+    The summary is printed once its history row is on the host (no wait on the
     device: a few steps later when the device runs behind), in order, and the
     last epoch's summary is the final line. `verbose=2` prints these summary
     lines (and the final line) also on a terminal, as Keras's `verbose=2`.

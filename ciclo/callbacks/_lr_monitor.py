@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo._history.transfer import explicit
+from ciclo._history import transfer
 from ciclo._logs import Logs
 from ciclo.callbacks._base import LoopElement
 
@@ -42,7 +42,8 @@ class _Rates:
         self._traced = True
         self._first = -1  # the first step of `_values`
         self._values: list[Any] | None = None  # Python numbers
-        self._next: tuple[int, jax.Array] | None = None  # (first step, started)
+        # (first step, its block on its way to the host)
+        self._next: tuple[int, transfer.Transfer] | None = None
 
     def __call__(self, step: int) -> Any:
         index = step - self._first
@@ -55,8 +56,10 @@ class _Rates:
         try:
             ahead = self._next
             started = ahead[1] if ahead and ahead[0] == first else self._start(first)
-            with explicit():  # a deliberate copy of values computed ahead
-                self._values = values = np.asarray(jax.device_get(started)).tolist()
+            (host,) = started.result()[0]  # computed ahead: copied, not waited for
+            if host is None:
+                raise ValueError("the schedule's values could not be read")
+            self._values = values = np.asarray(host).tolist()
             self._next = (first + _BLOCK, self._start(first + _BLOCK))
         except Exception:  # not traceable: op by op from now on
             self._traced, self._values, self._next = False, None, None
@@ -64,12 +67,11 @@ class _Rates:
         self._first = first
         return values[step - first]
 
-    def _start(self, first: int) -> jax.Array:
+    def _start(self, first: int) -> transfer.Transfer:
+        """The block from step `first`, computed and on its way to the host
+        (through the history's transfer module, ciclo's one device-to-host path)."""
         steps = jax.device_put(np.arange(first, first + _BLOCK, dtype=np.int32))
-        values = _block(self.schedule, steps)
-        with explicit():
-            values.copy_to_host_async()
-        return values
+        return transfer.start([[_block(self.schedule, steps)]])
 
 
 def _has_hyperparams(node: Any) -> bool:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
+from ciclo._history.history import History
 from ciclo._locate import locate
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS
 from ciclo._warn import warn
 from ciclo.callbacks._base import LoopElement
-from ciclo.callbacks._lagged import LaggedQueue
 
 __all__ = ["NonFiniteError", "nan_guard"]
 
@@ -41,6 +44,8 @@ def _bad(value: Any) -> Any:
     """The first NaN or infinite element of `value` (fetched), or None."""
     if value is None:
         return None
+    if type(value) is float:  # the history's scalars
+        return None if math.isfinite(value) else value
     array = np.asarray(value)
     if array.dtype.kind not in "fc" or np.isfinite(array).all():
         return None
@@ -56,14 +61,19 @@ class nan_guard(LoopElement):
     watch instead (bare `"loss"` or `"metrics.grad_norm"`). Arrays are bad when any
     element is.
 
-    **No per-step sync, so it may run a few steps past the bad one.** Values are
-    checked lagged, once the device has computed them (`jax.Array.is_ready()`):
-    a NaN logged at step `s` is seen at the first call after it is computed, and
-    the loop stops at the end of that batch (`loop_state.stop_after_batch()`).
-    With `max_lag=k` the guard waits for a value when `k` newer steps are
-    unchecked, so the loop ends at most `k` steps after the bad one (by default
-    8; `max_lag=0` checks every step synchronously and stops on the bad step
+    **No per-step sync, so it may run a few steps past the bad one.** The guard
+    reads the loop's `History`, the run's one device-to-host stream, and makes
+    no transfer of its own: it checks each row as it arrives on the host (a
+    value the step logged as a host number, at once), and the loop stops at the
+    end of the batch where it saw the bad value (`loop_state.stop_after_batch()`).
+    With `max_lag=k` the history starts a transfer at least every `k` commits
+    while the guard runs (`History.read_within`), and the guard waits
+    for a row when `k` newer steps are unchecked (that row only, not the newest
+    step), so the loop ends at most `k` steps after the bad one (by default 8;
+    `max_lag=0` checks every step synchronously and stops on the bad step
     itself). Whatever is still unchecked when the loop ends is checked then.
+    Used by hand, the guard commits each call's logs to a history of its own,
+    read the same way.
 
     What it does on a bad value, `action`:
 
@@ -142,44 +152,50 @@ class nan_guard(LoopElement):
         self.action = action
         self.max_lag = max_lag
         self.keep_good_state = bool(keep_good_state)
-        self._queue = LaggedQueue(max_lag)
         self.found: tuple[int, str, float] | None = None
         self.good_state: Any = None
         self._error: NonFiniteError | None = None
+        self._history: History | None = None  # the stream read
+        self._own: History | None = None  # by hand: the guard's own history
+        self._cursor = 0  # the next row of `_history` to check
+        self._checked = 0  # every step below this one was checked finite
+        # (steps counted after a batch, its state): the states of unchecked steps
+        self._states: deque[tuple[int, Any]] = deque()
 
     @property
     def on_train_batch_end(self) -> nan_guard:
         """The guard itself: `train_loop(callbacks=[guard])` runs it after each batch."""
         return self
 
-    def _watched(self, logs: Mapping[str, Mapping[str, Any]]) -> tuple[list, list]:
+    # -- what is watched ------------------------------------------------------------
+    def _watched_pairs(self, pairs: Mapping[tuple[str, str], Any]) -> tuple[list, list]:
+        """The watched `(collection, name) -> value` entries: names and values."""
         names, values = [], []
         if self.watch is not None:
             for key in self.watch:
-                pairs = {(c, n): v for c, e in logs.items() for n, v in e.items()}
                 found = locate(pairs, key, "nan_guard") if pairs else None
                 if found is not None:
                     names.append(".".join(found))
                     values.append(pairs[found])
             return names, values
+        for (collection, name), value in pairs.items():
+            if (collection in _WATCHED or name == "grad_norm") and _numeric(value):
+                names.append(f"{collection}.{name}")
+                values.append(value)
+        return names, values
+
+    def _watched(self, logs: Mapping[str, Mapping[str, Any]]) -> tuple[list, list]:
+        if self.watch is not None:
+            pairs = {(c, n): v for c, e in logs.items() for n, v in e.items()}
+            return self._watched_pairs(pairs)
+        names, values = [], []
         for collection, entries in logs.items():
+            watched = collection in _WATCHED
             for name, value in entries.items():
-                if (collection in _WATCHED or name == "grad_norm") and _numeric(value):
+                if (watched or name == "grad_norm") and _numeric(value):
                     names.append(f"{collection}.{name}")
                     values.append(value)
         return names, values
-
-    def check(
-        self, elapsed: Any, logs: Any, state: Any = None, now: Any = None
-    ) -> bool:
-        """Queues this step's watched values and checks those computed; True when a
-        bad value was found (now or before)."""
-        if self.found is None:
-            names, values = self._watched(logs or {})
-            if names or self.keep_good_state:
-                self._queue.push((int(elapsed.steps), names, state), values)
-            self._inspect(self._queue.pop_ready(), now)
-        return self.found is not None
 
     def bad_entry(self, logs: Mapping[str, Mapping[str, Any]]) -> str | None:
         """The first watched entry of `logs` (host values) that is bad, or None.
@@ -190,23 +206,122 @@ class nan_guard(LoopElement):
                 return name
         return None
 
-    def _inspect(self, items: list, now: Any) -> None:
-        for (step, names, state), values in items:
-            for name, value in zip(names, values):
-                bad = _bad(value)
-                if bad is None:
-                    continue
-                self.found = (step, name, float(np.real(bad)))
-                late = "" if now is None or now == step else f", seen at step {now}"
-                self._error = NonFiniteError(
-                    f"nan_guard: {name} is {bad} at step {step}{late}; "
-                    + ("the loop stops." if self.action == "warn" else "stopping."),
-                    step=step,
-                    entry=name,
-                    state=self.good_state,
-                )
-                self._queue.clear()
+    # -- checking -------------------------------------------------------------------
+    def check(
+        self, elapsed: Any, logs: Any, state: Any = None, now: Any = None
+    ) -> bool:
+        """Commits this step's logs to the guard's own history (by hand) and checks
+        the rows on the host; True when a bad value was found (now or before)."""
+        if self.found is None:
+            own = self._own
+            if own is None:
+                own = self._own = History(lag=max(self.max_lag, 1))
+            if self._history is not own:
+                self._follow(own, int(elapsed.steps))
+            steps = int(elapsed.steps)
+            own.commit(elapsed, logs or {})
+            own.poll()  # host values: on the host at once
+            self._step(own, steps, steps + 1, logs or {}, state, now)
+        return self.found is not None
+
+    def _follow(self, history: History, steps: int) -> None:
+        """Reads `history` from its next row on (the run starts at `steps`)."""
+        self._history, self._cursor, self._checked = history, len(history), steps
+        self._states.clear()
+        history.read_within(self.max_lag)
+
+    def _step(
+        self, history: History, before: int, after: int, logs: Any, state: Any, now
+    ) -> None:
+        """Checks, for the batch of steps `before` to `after` (its logs, and its
+        state when the good one is kept): the rows on the host, the step's host
+        values, and, when `max_lag` steps would be unchecked, the rows (or the
+        step's own values) that must be, waiting for them."""
+        if self.keep_good_state:
+            self._states.append((after, state))
+        self._check_rows(history, now)
+        if self.found is not None:
+            return
+        pending = self._check_live(history, before, after, logs, now)
+        if self.found is not None:
+            return
+        need = after - self.max_lag  # every step below it checked
+        if self._checked >= need:
+            return
+        if self.max_lag == 0 and pending:  # synchronously: the step's own values
+            names, values = zip(*pending, strict=True)
+            self._check_values(after - 1, list(names), history.wait_for(list(values)))
+            if self.found is not None:
                 return
+        upto = history.row_at(need, self._cursor)
+        if upto > self._cursor and history.on_host < upto:
+            history.fetch(upto)  # waits for those rows only
+        self._check_rows(history, now)
+        if self.found is None and self.max_lag == 0 and self._cursor == len(history):
+            self._advance(after)
+
+    def _check_rows(self, history: History, now: Any) -> None:
+        """Checks the rows that reached the host since the last call (no wait)."""
+        rows = history.host_entries(self._cursor, history.on_host)
+        for steps, entries in rows:
+            self._cursor += 1
+            names, values = self._watched_pairs(entries)
+            self._check_values(int(steps), names, values, now)
+            if self.found is not None:
+                return
+            self._advance(int(steps) + 1)
+
+    def _check_live(
+        self, history: History, before: int, after: int, logs: Any, now: Any
+    ) -> list[tuple[str, Any]]:
+        """Checks the step's watched host values now (no transfer); returns its
+        device values (`(name, value)`), checked once their row is on the host."""
+        names, values = self._watched(logs)
+        pending, host_names, host_values = [], [], []
+        for name, value in zip(names, values):
+            if isinstance(value, jax.Array):
+                pending.append((name, value))
+            else:
+                host_names.append(name)
+                host_values.append(value)
+        self._check_values(after - 1, host_names, host_values, now)
+        committed = history is self._own  # by hand: the step's row is committed
+        if (
+            self.found is None
+            and not pending
+            and after - before == 1
+            and self._cursor == len(history) - (1 if committed else 0)
+        ):
+            self._advance(after)  # the step is checked whole
+        return pending
+
+    def _check_values(
+        self, step: int, names: list[str], values: list[Any], now: Any = None
+    ) -> None:
+        for name, value in zip(names, values):
+            bad = _bad(value)
+            if bad is None:
+                continue
+            self.found = (step, name, float(np.real(bad)))
+            late = "" if now is None or now == step else f", seen at step {now}"
+            self._error = NonFiniteError(
+                f"nan_guard: {name} is {bad} at step {step}{late}; "
+                + ("the loop stops." if self.action == "warn" else "stopping."),
+                step=step,
+                entry=name,
+                state=self.good_state,
+            )
+            self._states.clear()
+            return
+
+    def _advance(self, checked: int) -> None:
+        """Every step below `checked` is finite: the good state moves on."""
+        if checked <= self._checked:
+            return
+        self._checked = checked
+        states = self._states
+        while states and states[0][0] <= checked:
+            _, state = states.popleft()
             if self.keep_good_state:
                 self.good_state = state
 
@@ -233,11 +348,17 @@ class nan_guard(LoopElement):
     def __loop_callback__(self, loop_state: Any) -> tuple[None, Any]:
         loop_state._nan_guard = self  # a checkpoint there saves no bad state
         if self.found is None:
-            self.check(
-                loop_state.elapsed,
+            history = loop_state.history
+            before = int(loop_state.elapsed.steps)
+            if history is not self._history:
+                self._follow(history, before)
+            self._step(
+                history,
+                before,
+                int(loop_state.elapsed_after.steps),
                 loop_state.logs,
                 loop_state.state if self.keep_good_state else None,
-                now=int(loop_state.elapsed.steps),
+                before,
             )
             if self._error is not None:
                 self._react(loop_state)
@@ -246,20 +367,25 @@ class nan_guard(LoopElement):
         return None, None
 
     def close(self) -> None:
-        """Checks every unchecked value (waiting for the device); raises or warns."""
-        if self.found is None:
-            self._inspect(self._queue.drain(), None)
-        self._queue.clear()
+        """Checks every unchecked row (waiting for the device); raises or warns."""
+        history = self._history
+        try:
+            if history is not None:
+                history.read_within(None)
+                if self.found is None:
+                    history.fetch()
+                    self._check_rows(history, None)
+        finally:
+            self._history = self._own = None
+            self._states.clear()
         self._react()
 
     def __loop_end__(self, loop_state: Any) -> None:
         """Checks what is still unchecked when the loop ends."""
-        try:
-            self.close()
-        finally:
-            self._queue.clear()
+        self.close()
 
     def reset(self) -> None:
         """Forgets a found value and the good state (to guard a new run)."""
         self.found, self.good_state, self._error = None, None, None
-        self._queue.clear()
+        self._history = self._own = None
+        self._states.clear()

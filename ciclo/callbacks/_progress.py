@@ -1,6 +1,6 @@
 """How far a run is and how a bar shows it: the pure helpers of `ProgressBar`
 (`progress` along a `total`, the run's seconds, the ETA's format, whether a
-stream is a terminal, a logged value as a number, the checks of the arguments)."""
+stream is a terminal, the checks of the arguments)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,10 @@ import math
 import time as _time
 from typing import Any
 
-import numpy as np
-
 from ciclo._period import Period, as_period
 from ciclo._time import Elapsed
 
 __all__ = [
-    "as_number",
     "check_seconds",
     "check_total",
     "format_duration",
@@ -105,17 +102,6 @@ def check_total(total: Any) -> Period | None:
                 f"total=1000 (steps) or total=ciclo.at(samples=60_000)."
             )
     return period
-
-
-def as_number(value: Any) -> float | None:
-    """A host value (fetched by the queue) as a float, if it is a scalar number."""
-    try:
-        array = np.asarray(value)
-    except Exception:
-        return None
-    if array.size != 1 or not np.issubdtype(array.dtype, np.number):
-        return None
-    return float(array.reshape(()))
 
 
 def run_seconds(done: Elapsed) -> float:

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
+from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo.callbacks._rows import Row, Tags
 from ciclo.callbacks._writer import Writer, missing
 

@@ -44,8 +44,8 @@ class tqdm_bar(ProgressBar):
 
         80%|████████  | 80/100 [00:04<00:01, 19.9step/s, loss=0.382, accuracy=0.901]
 
-    Same behaviour as `keras_bar`: values read lagged (a device array is converted
-    only once it is ready), redraws at most every `interval` seconds, final values
+    Same behaviour as `keras_bar`: values read lagged from the loop's `History`
+    (the newest on the host), redraws at most every `interval` seconds, final values
     and `close()` when the total is reached or the loop ends (also on Ctrl-C or an
     error); runs on `on_train_batch_end` in `ciclo.train_loop(callbacks=[...])`;
     spread it into a `ciclo.loop` task dict with `**`; call it by hand as
@@ -61,7 +61,7 @@ class tqdm_bar(ProgressBar):
     and at each epoch end of `train_loop` an epoch summary in the same form:
     every scalar loss and metric of the epoch-end step (train, then test and
     `epoch_logs` entries), exact, with the epoch's rate (as `keras_bar`:
-    printed once the values are computed, without waiting on the device).
+    printed once its history row is on the host, without waiting on the device).
 
     Args:
         total: the length of the run: an int (steps) or a `Period`; None: no ETA.

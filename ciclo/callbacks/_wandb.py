@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
+from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo.callbacks._rows import Row, Tags
 from ciclo.callbacks._writer import Writer, missing
 

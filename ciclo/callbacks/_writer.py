@@ -56,13 +56,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo._history.history import History
-from ciclo._history.transfer import to_host
+from ciclo._history.transfer import get
 from ciclo._interrupts import DEFERRED
+from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo._loop.state import LoopState, interrupted
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
-from ciclo.callbacks._lagged import SHOWN_COLLECTIONS
-from ciclo.callbacks._lagged import to_host as each_to_host
 from ciclo.callbacks._rows import Row, host_scalar, numeric
 
 __all__ = ["Writer", "missing"]
@@ -201,7 +200,7 @@ class Writer(LoopElement):
             self._catch_up = 0
             on_host = history.on_host
         if on_host != self._seen:
-            if on_host == index and self._seen < on_host:
+            if history.flushed_at == index and self._seen < on_host:
                 # every committed row was fetched (a checkpoint's save): the
                 # rows of this batch too, at the next call
                 self._catch_up = index + self._marks[-1][2]
@@ -342,10 +341,7 @@ class Writer(LoopElement):
         if not entries:
             return None
         values = list(entries.values())
-        try:
-            host = to_host(values)
-        except Exception:  # a failed or deleted value: only it is lost
-            host = each_to_host(values)
+        host = get(values)  # a failed or deleted value: only it is lost (None)
         numbers = {}
         for name, value in zip(entries, host, strict=True):
             number = host_scalar(value)

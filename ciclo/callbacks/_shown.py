@@ -1,0 +1,168 @@
+"""`Shown`: the values a progress bar shows, read from the run's `History`.
+
+A bar makes no transfer of its own: the History is the run's one device-to-host
+stream. At each redraw the bar moves the stream on without waiting
+(`History.poll`) and shows, per entry, the newest value already on the host; a
+value the current step logged as a host number (a Python float, a numpy scalar)
+is shown at once. A device value the step logged is shown once the history has
+brought its row to the host: a redraw or a few later, never waited for. When the
+bar closes, the current step's device values are read waiting for them
+(`History.wait_for`: one sync, at the end). Used by hand, a bar commits each
+call's logs to a History of its own, read the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import KeysView, Mapping
+from typing import Any
+
+import jax
+
+from ciclo._history.history import History
+from ciclo._logs import SHOWN_COLLECTIONS
+from ciclo.callbacks._rows import host_scalar
+
+__all__ = ["Shown", "number"]
+
+
+def number(value: Any) -> float | None:
+    """A host value as a float when it is a single number (see `host_scalar`)."""
+    scalar = host_scalar(value)
+    return None if scalar is None else float(scalar)
+
+
+class Shown:
+    """The newest host value of each entry a bar shows (`SHOWN_COLLECTIONS`, by
+    bare name, first logged first).
+
+    Example:
+        >>> import ciclo
+        >>> from ciclo.callbacks._shown import Shown
+        >>> shown = Shown()
+        >>> shown.commit(ciclo.Elapsed.create(), ciclo.logs().add_loss("loss", 0.5))
+        >>> shown.read()
+        {'loss': 0.5}
+    """
+
+    def __init__(self) -> None:
+        self.history: History | None = None  # the stream read
+        self._own: History | None = None  # by hand: the bar's own history
+        self._committed = False  # the current step is in `history` already
+        self._names: dict[str, None] = {}  # first logged first
+        self._live: Mapping[str, Mapping[str, Any]] | None = None  # this step's
+        self._shown: dict[str, float] = {}
+
+    # -- each step (cheap: no conversion) -------------------------------------------
+    def follow(self, history: History, logs: Any) -> None:
+        """In a loop: the loop's history, and the step's logs (not committed yet)."""
+        self.history, self._committed = history, False
+        self._note(logs)
+
+    def commit(self, elapsed: Any, logs: Any) -> None:
+        """By hand: commits the step's logs to the bar's own history."""
+        own = self._own
+        if own is None:
+            own = self._own = History()
+        own.commit(elapsed, logs if logs else {})
+        self.history, self._committed = own, True
+        self._note(logs)
+
+    def _note(self, logs: Any) -> None:
+        self._live = logs
+        if not logs:
+            return
+        names = self._names
+        for collection in SHOWN_COLLECTIONS:
+            entries = logs.get(collection)
+            if entries:
+                for name in entries:
+                    if name not in names:
+                        names[name] = None
+
+    def rows_after(self, steps: int) -> int:
+        """The rows the history holds once the current batch (`steps` steps) is
+        committed: the row of its last step is the one below."""
+        history = self.history
+        if history is None:
+            return 0
+        return len(history) if self._committed else len(history) + max(steps, 1)
+
+    # -- reading --------------------------------------------------------------------
+    def read(self) -> dict[str, float]:
+        """The values to show now: per entry the newest one on the host."""
+        history = self.history
+        if history is not None:
+            history.poll()
+            self._take(history.latest(SHOWN_COLLECTIONS))
+        self._take(self._live_values(host=True))
+        return self._ordered()
+
+    def read_final(self, logs: Any = None) -> dict[str, float]:
+        """The newest values: those of `logs` (default: the current step's),
+        waiting for the device (one sync, when the bar closes)."""
+        if logs is not None:
+            self._note(logs)
+        history = self.history
+        if history is not None:
+            history.poll()
+            self._take(history.latest(SHOWN_COLLECTIONS))
+            device = self._live_values(host=False)
+            if device:
+                host = history.wait_for(list(device.values()))
+                self._take(dict(zip(device, host, strict=True)))
+        self._take(self._live_values(host=True))
+        return self._ordered()
+
+    def row(self, stop: int) -> dict[str, float] | None:
+        """The entries of row `stop - 1` as numbers, once it is on the host (no
+        wait), else None."""
+        history = self.history
+        if history is None or history.on_host < stop:
+            return None
+        rows = history.host_rows(stop - 1, stop, SHOWN_COLLECTIONS)
+        if not rows:
+            return None
+        return self._numbers(rows[0][3])
+
+    def names(self) -> KeysView[str]:
+        """The names logged so far, the first logged first."""
+        return self._names.keys()
+
+    def clear(self) -> None:
+        """Forgets everything (a new run)."""
+        self.history = self._own = self._live = None
+        self._committed = False
+        self._names.clear()
+        self._shown.clear()
+
+    # -- internals ----------------------------------------------------------------
+    def _live_values(self, *, host: bool) -> dict[str, Any]:
+        """The current step's entries that are host values (`host`), or the
+        others (device values)."""
+        out: dict[str, Any] = {}
+        logs = self._live
+        if not logs:
+            return out
+        for collection in SHOWN_COLLECTIONS:
+            entries = logs.get(collection)
+            if entries:
+                for name, value in entries.items():
+                    if isinstance(value, jax.Array) is not host:
+                        out[name] = value
+        return out
+
+    @staticmethod
+    def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
+        out = {}
+        for name, value in values.items():
+            scalar = number(value)
+            if scalar is not None:
+                out[name] = scalar
+        return out
+
+    def _take(self, values: Mapping[str, Any]) -> None:
+        self._shown.update(self._numbers(values))
+
+    def _ordered(self) -> dict[str, float]:
+        shown = self._shown
+        return {n: shown[n] for n in self._names if n in shown}
