@@ -26,7 +26,7 @@ try:  # the scope `jax.device_get` marks its own transfers explicit with
 except ImportError:  # pragma: no cover - a jax that moved it
     _explicit_scope = None
 
-__all__ = ["Row", "Transfer", "explicit", "fetch", "get", "start"]
+__all__ = ["Row", "Transfer", "explicit", "fetch", "get", "now", "start"]
 
 
 def explicit() -> contextlib.AbstractContextManager:
@@ -211,6 +211,13 @@ def _stack_scalars(values: list[jax.Array]) -> jax.Array | list[Any]:
         return _stack(*values, *[values[0]] * (size - len(values)))
     except (TypeError, ValueError):  # not all scalars, or on different devices
         return list(values)
+
+
+def now(value: Any) -> Any:
+    """One value on the host now, waiting for it (an explicit transfer): for the
+    few reads that need the current step's value, such as an epoch-end monitor
+    (`early_stopping`, a checkpoint's `monitor`). A failed value raises."""
+    return jax.device_get(value)
 
 
 def get(values: list[Any]) -> list[Any]:

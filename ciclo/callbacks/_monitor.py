@@ -13,9 +13,9 @@ import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
+from ciclo._history import transfer
 from ciclo._locate import locate
 from ciclo._logs import Logs
 
@@ -126,7 +126,7 @@ class Monitor:
         Raises:
             ValueError: if the entry is missing (see `find`) or not a scalar.
         """
-        value = np.asarray(jax.device_get(self.find(*sources)))
+        value = np.asarray(transfer.now(self.find(*sources)))
         if value.size != 1:
             raise ValueError(
                 f"{self.owner}: the monitored metric {self.name!r} must be a scalar, "
