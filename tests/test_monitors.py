@@ -209,7 +209,7 @@ def test_nan_guard_max_lag_routes_to_the_historys_cadence():
     for guard, expected in [(None, 0), (ciclo.nan_guard(max_lag=6), 6)]:
         seen: list[int] = []
         guarded = [] if guard is None else [guard]
-        ciclo.loop(0, range(10), {ciclo.every(1): [host_step, *guarded, on_host]})
+        ciclo.loop(0, range(20), {ciclo.every(1): [host_step, *guarded, on_host]})
         assert max(seen) >= expected and (guard is not None or max(seen) == 0)
 
 
