@@ -269,8 +269,15 @@ class Writer(LoopElement):
         """The history's host rows `start` to `stop` of the batches in `marks` (a
         batch's rows: from its mark's index, at steps within its steps); with
         `after`, also the other rows at steps from `after` on."""
-        assert self._history is not None
-        host = self._history.host_rows(start, stop, self.collections)
+        history = self._history
+        assert history is not None
+        key = None
+        if after is None:  # the writers of one history share the rows they write
+            key = (start, stop, self.collections, tuple(marks))
+            shared = history.__dict__.get("_writer_rows")
+            if shared is not None and shared[0] == key:
+                return shared[1]
+        host = history.host_rows(start, stop, self.collections)
         rows, j, count = [], 0, len(marks)
         for i, (steps, samples, time, entries) in enumerate(host):
             index = start + i
@@ -294,6 +301,8 @@ class Writer(LoopElement):
                         numbers[name] = number
             if numbers:
                 rows.append(Row(steps, samples, time, numbers))
+        if key is not None:
+            history._writer_rows = (key, rows)
         return rows
 
     def _final_rows(self, loop_state: LoopState) -> list[Row]:
