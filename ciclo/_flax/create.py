@@ -11,6 +11,7 @@ import optax
 from ciclo._flax.state import FlaxState
 from ciclo._loop.callback import arity
 from ciclo._short import short
+from ciclo._strategies.base import Strategy
 
 __all__ = ["create_flax_state"]
 
@@ -25,7 +26,7 @@ def create_flax_state(
     key: Any = None,
     losses: Mapping[str, Callable[..., Any]] | None = None,
     metrics: Mapping[str, Any] | None = None,
-    strategy: str = "jit",
+    strategy: str | Strategy = "jit",
     method: str | Callable[..., Any] = "__call__",
     train_kwargs: Mapping[str, Any] | None = None,
     eval_kwargs: Mapping[str, Any] | None = None,

@@ -17,6 +17,7 @@ from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
 from ciclo._flax.partitioning import linen_annotations
 from ciclo._flax.state import FlaxState, new_state
+from ciclo._strategies.base import Strategy
 
 __all__ = ["LinenModel", "create_linen_state"]
 
@@ -120,7 +121,7 @@ def create_linen_state(
     key: Any = None,
     losses: Mapping[str, Callable[..., Any]] | None = None,
     metrics: Mapping[str, Any] | None = None,
-    strategy: str = "jit",
+    strategy: str | Strategy = "jit",
     method: str | Callable[..., Any] = "__call__",
     train_kwargs: Mapping[str, Any] | None = None,
     eval_kwargs: Mapping[str, Any] | None = None,

@@ -23,7 +23,7 @@ from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
 from ciclo._flax.partitioning import nnx_annotations
 from ciclo._flax.state import FlaxState, new_state
-from ciclo._strategies.base import tree_is_key
+from ciclo._strategies.base import Strategy, tree_is_key
 
 __all__ = ["LOSSES", "METRICS", "NNXModel", "create_nnx_state"]
 
@@ -107,7 +107,7 @@ def create_nnx_state(
     key: Any = None,
     losses: Mapping[str, Callable[..., Any]] | None = None,
     metrics: Mapping[str, Any] | None = None,
-    strategy: str = "jit",
+    strategy: str | Strategy = "jit",
     method: str = "__call__",
     train_kwargs: Mapping[str, Any] | None = None,
     eval_kwargs: Mapping[str, Any] | None = None,
