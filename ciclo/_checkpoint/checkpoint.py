@@ -154,7 +154,7 @@ class checkpoint:
         resume: bool = False,
         items: str | list[str] | tuple[str, ...] | None = None,
     ):
-        as_items(items)  # validated before anything else
+        chosen = as_items(items)  # validated before anything else
         if isinstance(keep, bool) or not isinstance(keep, int):
             raise TypeError(f"`keep` must be an int, got {keep!r}.")
         if keep < 1:
@@ -176,7 +176,7 @@ class checkpoint:
         self.resume = resume
         self.store = Store(
             _orbax.path(directory), monitored, keep, bool(async_save),
-            as_items(items), resume,
+            chosen, resume,
         )  # fmt: skip
         self._loop = InLoop(self.store)
 

@@ -221,17 +221,6 @@ class History(HistoryStore):
         stop = min(stop, self._fetched)
         if stop <= start:
             return []
-        key = (start, stop, collections, len(self._columns))
-        memo = self.__dict__.get("_host_memo")
-        if memo is not None and memo[0] == key:
-            return memo[1]  # host rows never change: the writers share them
-        rows = self._host_rows(start, stop, collections)
-        self._host_memo = (key, rows)
-        return rows
-
-    def _host_rows(
-        self, start: int, stop: int, collections: tuple[str, ...]
-    ) -> list[tuple[int, int, float, dict[str, Any]]]:
         entries: list[dict[str, Any]] = [{} for _ in range(stop - start)]
         for collection in collections:
             for (owner, name), column in self._columns.items():
