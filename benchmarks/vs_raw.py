@@ -23,8 +23,10 @@ variant is warmed up first and reuses its compiled step):
   keras spe=1    Keras 3 `model.fit` (JAX backend), steps_per_execution=1
   keras spe=32   same, steps_per_execution=32
 
-  ... prefetch=1 train_loop (and fused) with `prefetch=1` forced (the default,
-                 automatic, reads ahead only on an accelerator)
+  ... prefetch=N train_loop (and fused) with the read-ahead depth forced to N
+                 (0, 1, 2); the default (automatic) reads ahead only on an
+                 accelerator, one batch for batches of 256 KiB or more and for
+                 fused calls
 
 Keras rows run with `--model digits` only. Calibration rows say what the machine
 allows (they are not ciclo):
@@ -306,6 +308,11 @@ run_train_loop = _train_loop(train_step)
 run_fused = _train_loop(fused_step)
 run_train_loop_ahead = _train_loop(train_step, prefetch=1)
 run_fused_ahead = _train_loop(fused_step, prefetch=1)
+# the read-ahead depth forced (the automatic default decides it per batch size)
+run_train_loop_off = _train_loop(train_step, prefetch=0)
+run_fused_off = _train_loop(fused_step, prefetch=0)
+run_train_loop_ahead2 = _train_loop(train_step, prefetch=2)
+run_fused_ahead2 = _train_loop(fused_step, prefetch=2)
 
 
 # -- Flax one-liner -----------------------------------------------------------------
@@ -405,9 +412,19 @@ def main():
             run_train_loop_ahead,
             managed_state,
         ),
+        "train_loop + keras_bar + history, prefetch=0": (
+            run_train_loop_off,
+            managed_state,
+        ),
+        "train_loop + keras_bar + history, prefetch=2": (
+            run_train_loop_ahead2,
+            managed_state,
+        ),
         "create_flax_state one-liner": (run_flax, flax_state),
         f"fused K={K} (train_loop + bar + history)": (run_fused, managed_state),
         f"fused K={K}, prefetch=1": (run_fused_ahead, managed_state),
+        f"fused K={K}, prefetch=0": (run_fused_off, managed_state),
+        f"fused K={K}, prefetch=2": (run_fused_ahead2, managed_state),
         f"create_flax_state one-liner, fused K={K}": (run_flax, lambda: flax_state(K)),
     }
     keras = None
