@@ -106,7 +106,11 @@ class HistoryStore:
                 if column is None:
                     column = named[name] = self._column(collection, name)
                 column.rows.append(row)
-                column.pending.append(value)
+                kind = type(value)
+                if (kind is float or kind is int) and not column.pending:
+                    column.append(value)  # a host number: no transfer (lr_monitor)
+                else:
+                    column.pending.append(value)
         steps, samples, time, date = self._elapsed
         steps.values.append(int(elapsed.steps))
         samples.values.append(int(elapsed.samples))
