@@ -129,8 +129,9 @@ class tensorboard(Writer):
         self.hparams = dict(hparams) if hparams else None
         self._module, self._files = tensorboardX, event_file_writer
         self._proto, self._summary = event_pb2, summary_pb2.Summary
-        self._crc = masked_crc32c
-        self._prefixes: dict[str, bytes] = {}  # entry name -> encoded tag
+        self._crc = _masked(masked_crc32c)
+        # entry name -> (its tag, its Summary.Value encoded up to the value)
+        self._prefixes: dict[str, tuple[str, bytes]] = {}
         caller = sys._getframe(1)
         self._made = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         self._suffix = str(writer_kwargs.pop("filename_suffix", "") or "")
@@ -205,22 +206,29 @@ class tensorboard(Writer):
         """The TFRecord-framed `Event`s of `rows` (each a `Summary` of its
         scalars, `simple_value`), encoded directly: what `write_event` writes,
         without a proto object per value."""
-        tags, prefixes, last = self._tags, self._prefixes, self._last
+        tags, heads, last = self._tags, self._prefixes, self._last
         crc, pack = self._crc, struct.pack
         wall = b"\x09" + pack("<d", time.time())  # Event.wall_time
         out = []
         for row in rows:
             values = []
             for name, value in row.entries.items():
-                prefix = prefixes.get(name)
-                if prefix is None:  # Summary.Value: tag (1), simple_value (2)
-                    tag = tags(name).encode()
-                    prefix = prefixes[name] = (
-                        b"\x0a" + _varint(len(tag)) + tag + b"\x15"
+                cached = heads.get(name)
+                if cached is None:  # Summary.Value: tag (1), simple_value (2)
+                    tag = tags(name)
+                    encoded = tag.encode()
+                    prefix = b"\x0a" + _varint(len(encoded)) + encoded + b"\x15"
+                    # the value's own header: its length is the prefix's plus 4
+                    cached = heads[name] = (
+                        tag,
+                        b"\x0a" + _varint(len(prefix) + 4) + prefix,
                     )
-                value_bytes = prefix + _float32(value)
-                values.append(b"\x0a" + _varint(len(value_bytes)) + value_bytes)
-                last[tags(name)] = value
+                tag, head = cached
+                try:
+                    values.append(head + pack("<f", value))
+                except OverflowError:
+                    values.append(head + _float32(value))
+                last[tag] = value
             if not values:
                 continue
             body = b"".join(values)  # Summary.value (1), each length-delimited
@@ -293,6 +301,21 @@ def _flush(events: Any) -> None:
         file.flush()
     else:  # another tensorboardX layout: its own flush
         events.flush()
+
+
+def _masked(fallback: Any) -> Any:
+    """TFRecord's masked CRC-32C of bytes: the native `crc32c` package's
+    (`ciclo[tensorboard]`) with the mask inlined, else tensorboardX's own."""
+    try:
+        from crc32c import crc32c
+    except ImportError:
+        return fallback
+
+    def masked(data: bytes) -> int:
+        x = crc32c(data)
+        return (((x >> 15) | ((x << 17) & 0xFFFFFFFF)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    return masked
 
 
 def _varint(n: int) -> bytes:
