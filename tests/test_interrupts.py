@@ -194,7 +194,7 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
         assert [r[:2] for r in rows] == [r[:2] for r in expected], where
         assert all(r == e or r[2] is None for r, e in zip(rows, expected)), where
     assert {
-        "HistoryStore.commit",
+        "HistoryStore._append",
         "HistoryStore._advance",
         "Logs.merge",
         "batch_size",

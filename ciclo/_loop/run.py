@@ -39,7 +39,8 @@ class Run:
         self.state = None  # the state when the batch started
         self.running = None  # the runner (or failed schedule) named in error notes
         self.finishing = None  # the after-commit action running (named likewise)
-        self.committed = committed(ls)  # `ls.accumulated_logs` reads it
+        # the committed steps' logs, merged when `ls.accumulated_logs` reads them
+        self.unmerged = ls._unmerged
         # after each step, whether to stop for a preemption (SIGTERM; set by the
         # loop that owns the interrupt scope, `ciclo._interrupts`)
         self.watch = None
@@ -96,14 +97,27 @@ class Run:
             self.done = True
             logs = ls.logs
             with DEFERRED:  # Ctrl-C meanwhile: raised once the batch has counted
+                # the history's own commit, inside this block (`ls.logs` is a Logs)
                 if type(batch) is Steps and batch.rows is not None:
                     self.rows = len(history)
-                    history.commit_steps(current, batch, logs)
-                    self.committed.merge(logs)
+                    if type(logs) is not Logs:  # a callback set `ls.logs` itself
+                        history.commit_steps(current, batch, logs)
+                    elif batch.n > 0:
+                        history._append_steps(current, batch, logs)
+                    unmerged = self.unmerged
+                    unmerged.append(logs)
+                    if len(unmerged) > 32:
+                        committed(ls)
                 elif logs:
                     self.rows = len(history)
-                    history.commit(current, logs)
-                    self.committed.merge(logs)
+                    if type(logs) is Logs:
+                        history._append(current, logs)
+                    else:  # a callback set `ls.logs` itself
+                        history.commit(current, logs)
+                    unmerged = self.unmerged
+                    unmerged.append(logs)
+                    if len(unmerged) > 32:
+                        committed(ls)
                 current = self.current = after
                 self.in_batch = False
             if ls._after_commit:
@@ -162,7 +176,7 @@ class Run:
         published = self.rows is not None and len(ls.history) > self.rows
         if counted and ls.logs and not published:
             ls.history.commit(self.current, ls.logs)
-            self.committed.merge(ls.logs)  # `accumulated_logs` in the end hooks
+            committed(ls).merge(ls.logs)  # `accumulated_logs` in the end hooks
         if counted:
             self.current = ls.elapsed_after
             self.in_batch = False

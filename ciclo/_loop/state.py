@@ -68,6 +68,7 @@ class LoopState:
         "_committed",
         "_data",
         "_interrupted",
+        "_unmerged",
         "_nan_guard",
         "batch",
         "elapsed",
@@ -114,6 +115,7 @@ class LoopState:
         self.elapsed, self.elapsed_after = elapsed, elapsed_after
         self.history, self.logs, self.metadata = history, logs, metadata
         self._committed = Logs()
+        self._unmerged = []  # committed steps' logs not merged into it yet
         self._borrowed = None  # a callback's Logs taken as the batch's logs
         self._data = None  # the iterator the batches come from
         self._after_commit = []  # run once the step's row is committed
@@ -128,7 +130,7 @@ class LoopState:
 
     @property
     def accumulated_logs(self) -> Logs:
-        return Logs(self._committed).merge(self.logs)
+        return Logs(committed(self)).merge(self.logs)
 
     def data_state(self) -> Any:
         """The position of the data after the current batch, when the batches come
@@ -194,8 +196,14 @@ def interrupted(ls: LoopState, value: bool | None = None) -> bool:
 
 def committed(ls: LoopState) -> Logs:
     """The logs `ls`'s loop committed so far (latest value per entry), which
-    `accumulated_logs` reads: the loop merges each committed step's logs in."""
-    return ls._committed
+    `accumulated_logs` reads. The loop notes each committed step's logs
+    (`_unmerged`) and they are merged in here, when read (or every 32 steps)."""
+    merged, unmerged = ls._committed, ls._unmerged
+    if unmerged:
+        for logs in unmerged:
+            merged.merge(logs)
+        unmerged.clear()
+    return merged
 
 
 _NUMERIC = (int, float, complex, np.generic, np.ndarray, jax.Array)
