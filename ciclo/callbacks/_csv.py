@@ -5,15 +5,16 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
-from typing import Any, TextIO
+from typing import TextIO
 
 from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo.callbacks._rows import ELAPSED_COLUMNS, Row
 from ciclo.callbacks._writer import Writer
 
 __all__ = ["csv_logger", "jsonl_logger"]
+
+_JSON = json.JSONEncoder()  # what json.dumps uses by default
 
 
 class _FileWriter(Writer):
@@ -117,16 +118,19 @@ class jsonl_logger(_FileWriter):
         if not rows:
             return
         file = self._open(rows)
+        encode, lines = _JSON.encode, []
         for row in rows:
             record = {
                 "steps": row.steps,
                 "samples": row.samples,
                 "time": row.time,
                 "completed": row.completed,
-                **row.entries,
             }
-            file.write(json.dumps(record) + "\n")
-            self.rows_written += 1
+            record.update(row.entries)
+            lines.append(encode(record))
+        lines.append("")
+        file.write("\n".join(lines))
+        self.rows_written += len(rows)
         file.flush()
 
 
@@ -231,7 +235,7 @@ class csv_logger(_FileWriter):
             fields = self._fields or list(ELAPSED_COLUMNS)
             self._fields = fields + new
             file = self._rewrite()
-        writer, fields = csv.writer(file), self._fields
+        fields, lines = self._fields, []
         for row in rows:  # the cells in the header's order ("" where not logged)
             cells = {
                 "steps": row.steps,
@@ -239,10 +243,10 @@ class csv_logger(_FileWriter):
                 "time": row.time,
                 "completed": row.completed,
             }
-            for name, value in row.entries.items():
-                cells[name] = _cell(value)
-            writer.writerow([cells.get(field, "") for field in fields])
-            self.rows_written += 1
+            cells.update(row.entries)  # numbers: csv writes nan/inf as float() reads
+            lines.append([cells.get(field, "") for field in fields])
+        csv.writer(file).writerows(lines)
+        self.rows_written += len(lines)
         file.flush()
 
     def _rewrite(self) -> TextIO:
@@ -279,9 +283,3 @@ def _header(path: str) -> list[str]:
         return []
     with open(path, newline="") as file:
         return next(csv.reader(file), [])
-
-
-def _cell(value: float | int) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)  # nan, inf, -inf: what float() reads back
-    return value

@@ -290,9 +290,17 @@ class Writer(LoopElement):
             )
             if not fired and (after is None or steps < after):
                 continue
+            for value in entries.values():
+                kind = type(value)  # the history's scalars: Python numbers
+                if kind is not float and kind is not int:
+                    break
+            else:  # the common row: all numbers already (a fresh dict: kept)
+                if entries:
+                    rows.append(Row(steps, samples, time, entries))
+                continue
             numbers = {}
             for name, value in entries.items():
-                kind = type(value)  # the history's scalars: Python numbers
+                kind = type(value)
                 if kind is float or kind is int:
                     numbers[name] = value
                 else:
