@@ -189,10 +189,11 @@ class Writer(LoopElement):
         history = loop_state.history
         if history is not self._history:
             self._follow(history)
-        index, steps = len(history), loop_state.elapsed.steps
+        elapsed = loop_state.elapsed
+        # `len(history)` and `history.on_host`, read without a call (every step)
+        index, steps, on_host = history._rows, elapsed.steps, history._fetched
         self._marks.append((index, steps, loop_state.elapsed_after.steps - steps))
-        self._seen_at = (loop_state.elapsed, loop_state.logs)
-        on_host = history.on_host
+        self._seen_at = (elapsed, loop_state.logs)
         if on_host == self._seen and not self._catch_up:
             return  # nothing new on the host: the common step
         if self._catch_up:  # a checkpoint saved the last batch: its rows now

@@ -28,7 +28,14 @@ from ciclo._strategies.registry import get_strategy, strategy_of
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.managed._fused_steps import at_step, check_fused, fold
-from ciclo.managed._placement import compiles, pack, unpack, unpacking
+from ciclo.managed._placement import (
+    as_logs,
+    compiles,
+    pack,
+    plain_logs,
+    unpack,
+    unpacking,
+)
 from ciclo.managed._step_logs import accumulate, grad_logs, reduce_logs, total_loss
 
 if TYPE_CHECKING:
@@ -141,8 +148,11 @@ class ManagedStep(LoopElement):
                     f"{type(state).__name__} it got has no `params`. Create the "
                     f"state with managed.ManagedState.create(params=..., tx=...)."
                 )
+            step = unpacking(self._build(strategy))
+            if compiles(strategy):  # its logs come back as plain dicts
+                step = plain_logs(step)
             compiled = self._compiled[strategy] = strategy.wrap(
-                unpacking(self._build(strategy)), donate=strategy.donate and self.grad
+                step, donate=strategy.donate and self.grad
             )
         if self._arity < 2:
             batch = None
@@ -154,6 +164,8 @@ class ManagedStep(LoopElement):
         elif type(elapsed) is Elapsed and compiles(strategy):
             elapsed = pack(elapsed)
         logs, state = compiled(state, batch, elapsed)
+        if type(logs) is dict:
+            logs = as_logs(logs)
         if strategy.max_in_flight is not None:
             self._bound_in_flight(strategy.max_in_flight, logs, state)
         return logs, state

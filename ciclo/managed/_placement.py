@@ -15,7 +15,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from ciclo._entries import Entries
 from ciclo._input.batch import Steps
+from ciclo._logs import Logs
 from ciclo._strategies.base import Strategy
 from ciclo._time import Elapsed
 
@@ -53,6 +55,40 @@ def unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(state, batch, elapsed)
 
     return run
+
+
+def plain_logs(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn(state, batch, elapsed) -> (logs, state)` returning, when its logs are
+    a `Logs` of `Entries` that declares no modes, the same logs as plain dicts:
+    a compiled call builds plain dicts of its outputs in C++, a `Logs` through
+    Python (its pytree's unflatten, per step). `as_logs` makes the `Logs` again
+    on the host."""
+
+    def run(state, batch, elapsed):
+        logs, state = fn(state, batch, elapsed)
+        if (
+            type(logs) is Logs
+            and not logs._aggregations
+            and all(type(entries) is Entries for entries in logs.values())
+        ):
+            logs = {name: dict(entries) for name, entries in logs.items()}
+        return logs, state
+
+    return run
+
+
+def as_logs(logs: Any) -> Any:
+    """The `Logs` of a compiled call's plain-dict logs (`plain_logs`); anything
+    else as it is."""
+    if type(logs) is not dict:
+        return logs
+    out = _new_logs(Logs)
+    for name, entries in logs.items():
+        out[name] = Entries(entries)
+    return out
+
+
+_new_logs = Logs.__new__
 
 
 def compiles(strategy: Strategy) -> bool:
