@@ -416,3 +416,30 @@ def test_end_hooks_see_the_error_the_loop_ends_with():
     with pytest.raises(RuntimeError, match="boom"):
         ciclo.loop(None, range(4), {ciclo.every(1): Hook()})
     assert isinstance(seen[-1], RuntimeError)
+
+
+def test_accumulated_logs_hold_the_newest_value_of_every_entry_over_long_runs():
+    """`loop_state.accumulated_logs`: the newest value of each entry ever logged,
+    however many steps since it was logged (entries logged at different cadences,
+    read at several points of a run longer than any internal batching)."""
+    seen = []
+
+    def step(state, batch):
+        logs = ciclo.logs().add_metric("every", batch)
+        if batch % 7 == 0:
+            logs.add_metric("seventh", batch)
+        if batch == 3:
+            logs.add_loss("once", 3)
+        return logs, state
+
+    def read(state, batch, elapsed, loop_state):
+        acc = loop_state.accumulated_logs
+        metrics, losses = acc["metrics"], acc["losses"]
+        seen.append((metrics["every"], metrics["seventh"], losses["once"]))
+
+    def at_300s(elapsed):
+        return elapsed.steps % 300 == 5
+
+    ciclo.loop(None, range(1000), {ciclo.every(1): step, at_300s: read})
+    expected = [(b, b - b % 7, 3) for b in range(1000) if b % 300 == 5]
+    assert seen == expected

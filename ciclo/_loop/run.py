@@ -106,7 +106,7 @@ class Run:
                         history._append_steps(current, batch, logs)
                     unmerged = self.unmerged
                     unmerged.append(logs)
-                    if len(unmerged) > 32:
+                    if len(unmerged) > 256:
                         committed(ls)
                 elif logs:
                     self.rows = len(history)
@@ -116,7 +116,7 @@ class Run:
                         history.commit(current, logs)
                     unmerged = self.unmerged
                     unmerged.append(logs)
-                    if len(unmerged) > 32:
+                    if len(unmerged) > 256:
                         committed(ls)
                 current = self.current = after
                 self.in_batch = False

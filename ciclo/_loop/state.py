@@ -197,13 +197,36 @@ def interrupted(ls: LoopState, value: bool | None = None) -> bool:
 def committed(ls: LoopState) -> Logs:
     """The logs `ls`'s loop committed so far (latest value per entry), which
     `accumulated_logs` reads. The loop notes each committed step's logs
-    (`_unmerged`) and they are merged in here, when read (or every 32 steps)."""
+    (`_unmerged`) and they are merged in here, when read (or every 256 steps)."""
     merged, unmerged = ls._committed, ls._unmerged
     if unmerged:
-        for logs in unmerged:
-            merged.merge(logs)
+        _fold(merged, unmerged)
         unmerged.clear()
     return merged
+
+
+def _fold(merged: Logs, unmerged: list[Any]) -> None:
+    """Merges the `unmerged` logs into `merged`, in order: only the newest value of
+    each entry is copied (the logs are read newest first; one whose entries were
+    all seen is skipped with a set comparison)."""
+    newest: dict[str, dict[str, Any]] = {}
+    for logs in reversed(unmerged):
+        for collection, entries in logs.items():
+            if not isinstance(entries, Mapping):  # merge's own error, in order
+                for each in unmerged:
+                    merged.merge(each)
+                return
+            seen = newest.get(collection)
+            if seen is None:
+                newest[collection] = dict(entries)
+            elif not entries.keys() <= seen.keys():
+                for name, value in entries.items():
+                    seen.setdefault(name, value)
+    for logs in unmerged:
+        declared = getattr(logs, "_aggregations", None)
+        if declared:
+            merged._aggregations = {**(merged._aggregations or {}), **declared}
+    merged.merge(newest)
 
 
 _NUMERIC = (int, float, complex, np.generic, np.ndarray, jax.Array)
