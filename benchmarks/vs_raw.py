@@ -373,7 +373,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", nargs="*", default=None, help="variant names")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help="variants: a whole name picks that one, a part of a name all that hold it",
+    )
     parser.add_argument("--model", choices=["digits", "big"], default="digits")
     parser.add_argument(
         "--shrink", type=int, default=1, help="divide the big model's sizes by this"
@@ -442,11 +447,12 @@ def main():
             run_keras,
             lambda: keras_model(K),
         )
-    if args.only:
+    if args.only:  # a variant's whole name picks it alone, else a part of names
         variants = {
             k: v
             for k, v in variants.items()
-            if k == "raw jitted loop" or any(o in k for o in args.only)
+            if k == "raw jitted loop"
+            or any(o == k or (o not in variants and o in k) for o in args.only)
         }
     states = {}
     for name, (run, make) in variants.items():  # compile and warm up

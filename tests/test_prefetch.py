@@ -417,3 +417,50 @@ def test_iterate_with_prefetch_stops_cleanly_and_counts_consumed_batches():
             break
     assert seen == [3, 6]
     assert source.get_state() == {"next_index": 6}  # read-ahead put back
+
+
+@managed.train_step
+def mean_step(state, batch):  # any batch shape: fits the batch's mean
+    loss = (state.params["w"] - batch.mean()) ** 2
+    return ciclo.logs().add_loss("loss", loss), state
+
+
+@pytest.mark.parametrize(
+    ("rows", "steps_per_call", "ahead"),
+    [
+        (8, 1, False),  # 8 KiB a step: off
+        (8, 4, False),  # a fused call of 8 KiB steps (32 KiB stacked): off
+        (256, 1, True),  # 256 KiB a step: one ahead
+        (256, 4, True),  # fused, 256 KiB a step: one call ahead
+    ],
+)
+def test_automatic_read_ahead_on_an_accelerator_goes_by_one_steps_batch(
+    monkeypatch, rows, steps_per_call, ahead
+):
+    """`prefetch=None` on an accelerator (docs/performance.md: measured on an
+    H200): one batch (fused call) ahead when one step's batch holds 256 KiB or
+    more, fused or not; off below. The backend is made to read as a GPU."""
+    from ciclo._input import prefetch as automatic
+
+    monkeypatch.setattr(automatic, "_ACCELERATOR", [True])
+    source = Source([np.full((rows, 256), i, np.float32) for i in range(12)])
+    calls = []
+
+    def spy(state, batch, elapsed):
+        calls.append((elapsed.steps, source.read))
+
+    step = (
+        mean_step
+        if steps_per_call == 1
+        else managed.train_step(mean_step.fn, steps_per_call=steps_per_call)
+    )
+    state = managed.ManagedState.create(
+        params={"w": jnp.zeros(())}, tx=optax.sgd(0.1), strategy="jit"
+    )
+    ciclo.train_loop(state, source, {ciclo.on_train_step: [step, spy]})
+    first = calls[:2]  # before any pass end is looked for
+    k = steps_per_call
+    if ahead:
+        assert first == [(0, 2 * k), (k, 3 * k)]
+    else:
+        assert first == [(0, k), (k, 2 * k)]

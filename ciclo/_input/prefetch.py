@@ -44,12 +44,14 @@ from ciclo._input.batch import Item, Steps
 
 __all__ = ["AUTO_MIN_BYTES", "ahead", "check_prefetch", "placer"]
 
-# `prefetch=None` (auto) reads one batch ahead on an accelerator when a batch holds
-# at least this many bytes of host arrays (a fused `Steps` always). Below it the
-# transfer itself takes less device time than an explicit `device_put` costs the
-# host (~100-180 us per call on the H100 VM, vs ~80 us for the implicit transfer
-# of a jitted call), so placing ahead cannot pay: the small-model row ran at 0.74x
-# with one-ahead `device_put`; the compute-bound model (4 MiB batches) at 1.09x.
+# `prefetch=None` (auto) reads one batch ahead on an accelerator when one step's
+# batch holds at least this many bytes of host arrays (a fused `Steps`: its stack
+# divided by its steps). Below it the transfer takes less device time than an
+# explicit `device_put` costs the host, so placing ahead cannot pay. On an H200
+# (benchmarks/RESULTS.md, 2026-11-27): the digits' 8 KiB batches ran at 0.70-0.74x
+# the raw loop off and 0.45 one ahead, fused K=32 at 8.64x off and 6.45-6.71 one
+# ahead; the compute-bound model's 4 MiB batches at 1.84x one ahead and 1.61 off
+# (fused: 1.80-1.86 against 1.40), with two ahead no better (1.68, fused 1.71).
 AUTO_MIN_BYTES = 256 * 1024
 
 
@@ -100,13 +102,15 @@ def _accelerator() -> bool:
 
 
 def _auto_depth(batch: Any) -> int:
-    """`prefetch=None`: 1 on an accelerator for a fused `Steps` or a batch of at
-    least `AUTO_MIN_BYTES` host bytes; else 0 (see `AUTO_MIN_BYTES`)."""
+    """`prefetch=None`: 1 on an accelerator when one step's batch holds at least
+    `AUTO_MIN_BYTES` host bytes (a fused `Steps`: its stack over its `n` steps);
+    else 0 (see `AUTO_MIN_BYTES`)."""
     if not _accelerator():
         return 0
+    size = _host_bytes(batch)
     if type(batch) is Steps:
-        return 1
-    return 1 if _host_bytes(batch) >= AUTO_MIN_BYTES else 0
+        size //= max(batch.n, 1)
+    return 1 if size >= AUTO_MIN_BYTES else 0
 
 
 def ahead(

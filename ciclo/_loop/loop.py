@@ -100,7 +100,7 @@ def loop(
             state), how many upcoming batches (fused calls) are read and placed
             on the device with the strategy while the current step runs; 0
             turns it off; None (default): one on an accelerator when a batch
-            holds at least 256 KiB (a fused call always), else off. Callbacks
+            holds at least 256 KiB (a fused call: per step), else off. Callbacks
             still get the dataset's batches; only consumed batches are counted
             (`elapsed`, checkpoints' data position); a dataset's exception is
             raised at its batch; a checkpointable iterator (Grain's) is put back
