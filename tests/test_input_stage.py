@@ -193,6 +193,30 @@ def test_callbacks_after_the_epoch_end_check_get_their_batch_from_a_refilling_lo
     assert after == [float(N - 1)]
 
 
+@pytest.mark.parametrize("container", [list, tuple])
+def test_an_epoch_end_over_a_list_reads_nothing_ahead_and_copies_no_batch(container):
+    """A list (tuple) of batches says how many are left: the epoch-end check
+    learns the pass end without reading the next batch, so every callback gets
+    the list's own batch objects (no copy made to protect a buffer that reading
+    on could refill), and the epochs end where they end."""
+    batches = container(
+        (np.full((2, 3), i, np.float32), np.full(2, i, np.int32)) for i in range(5)
+    )
+    same, ends = [], []
+    tasks = {
+        ciclo.on_train_step: lambda state, batch, elapsed: same.append(
+            batch is batches[elapsed.steps % 5]
+        ),
+        ciclo.on_epoch_end: lambda state, batch, elapsed: ends.append(elapsed.steps),
+        ciclo.on_train_batch_end: lambda state, batch, elapsed: same.append(
+            batch is batches[elapsed.steps % 5]
+        ),
+    }
+    _, _, elapsed = ciclo.train_loop(None, batches, tasks, epochs=2, prefetch=0)
+    assert elapsed.steps == 10 and ends == [4, 9]
+    assert same == [True] * 20
+
+
 def test_the_data_position_excludes_the_batch_read_to_learn_the_pass_end():
     """A checkpointable iterator: the position saved with a step is after that
     step's batch, and when the loop stops, the iterator is put back after the

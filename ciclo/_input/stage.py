@@ -46,6 +46,9 @@ from ciclo._time import Elapsed
 
 __all__ = ["Inputs", "inputs"]
 
+# iterators that know exactly how many items are left (`__length_hint__`)
+_COUNTED = (type(iter([])), type(iter(())), type(iter(range(0))))
+
 
 class Inputs:
     """The `Item`s of a loop's data, pass after pass.
@@ -83,6 +86,7 @@ class Inputs:
         )  # fmt: skip
         self._left, self._size_fn = left, batch_size_fn
         self._items: Iterator[Item] | None = None  # the current pass's
+        self._counted: Any = None  # its list (tuple, range) iterator, if it is one
         self._read = 0  # items read from the current pass
         self._ahead: Item | None = None  # read to learn a pass end, handed next
         self._failed: Exception | None = None  # the dataset's, raised at its batch
@@ -113,6 +117,17 @@ class Inputs:
         if self._place is not None:
             items = ahead(items, self._place, self._depth)
         self._items, self._read = items, 0
+        # a list's (tuple's, range's) own iterator says exactly how many batches
+        # are left in the pass, and reading on cannot refill a batch's buffer:
+        # its pass end is known without reading ahead (one batch at a time only)
+        self._counted = (
+            iterator
+            if type(iterator) in _COUNTED
+            and items is not None
+            and self._k == 1
+            and self._place is None
+            else None
+        )
         if saves:
             self._source, self._position = iterator, iterator.get_state()
             self._marks.append((self.handed, self._position))
@@ -165,6 +180,14 @@ class Inputs:
         the buffer it lives in). When the dataset raises reading it, the pass
         did not end and the error is raised when that batch is due."""
         if item.last_of_pass is None:
+            counted, left = self._counted, self._left
+            if (
+                counted is not None
+                and self._ahead is None
+                and (left is None or left[0] > 0)
+            ):
+                item.last_of_pass = counted.__length_hint__() == 0
+                return item.last_of_pass
             item.keep()
             try:
                 self._ahead = self._pull()

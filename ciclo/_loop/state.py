@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ciclo._entries import Entries
 from ciclo._history.history import History
 from ciclo._input.batch import Item
 from ciclo._logs import Logs
@@ -212,8 +213,8 @@ def _fold(merged: Logs, unmerged: list[Any]) -> None:
     newest: dict[str, dict[str, Any]] = {}
     for logs in reversed(unmerged):
         for collection, entries in logs.items():
-            if not isinstance(entries, Mapping):  # merge's own error, in order
-                for each in unmerged:
+            if type(entries) is not Entries and not isinstance(entries, Mapping):
+                for each in unmerged:  # merge's own error, in order
                     merged.merge(each)
                 return
             seen = newest.get(collection)
