@@ -33,6 +33,13 @@ class Column:
 
     def append(self, value: Any) -> None:
         values = self.values
+        if (
+            type(value) is float
+            and type(values) is array.array
+            and values.typecode == "d"
+        ):  # the common host number: no conversion
+            values.append(value)
+            return
         if isinstance(values, array.array):
             scalar = _scalar(value)
             if scalar is not None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["lr_monitor"]
 
 _BLOCK = 1024  # steps of a schedule computed in one compiled call
+_new_logs = Logs.__new__  # an empty Logs without an __init__ call (every step)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -188,7 +189,7 @@ class lr_monitor(LoopElement):
 
     def __call__(self, state: Any, elapsed: Any = None) -> Logs:
         """The logs `{"metrics": {name: learning rate}}` for `state`."""
-        return Logs().add_metric(self.name, self.learning_rate(state, elapsed))
+        return _new_logs(Logs).add_metric(self.name, self.learning_rate(state, elapsed))
 
     def __loop_callback__(self, loop_state: LoopState) -> Logs:
         # the logs alone (no state): the loop's fast path for a callback's output

@@ -1,0 +1,104 @@
+"""Python function calls per step: a deterministic measure of ciclo's host work.
+
+    PYTHONPATH=. python benchmarks/host_calls.py [--steps 4096]
+
+Wall-clock differences of a few µs per step drown in a shared VM's noise; the
+number of Python-level calls (functions, methods, C builtins: what `cProfile`
+counts) per step does not move between runs, so it shows whether a change
+removed host work. Each variant runs the loop of `observers.py` (a jitted
+no-op step logging 2 device scalars, numpy batches) under `cProfile`, after a
+warm-up run, and reports the calls per step (total calls / steps) and the
+calls added to the bare loop. `train_loop + keras_bar` and a managed step under
+`ciclo.loop` (the `vs_raw.py` digits step) are measured the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import observers  # noqa: E402
+import vs_raw  # noqa: E402
+
+import ciclo  # noqa: E402
+
+
+def calls(run) -> int:
+    run()  # warm-up: compilation, first-time setup
+    profile = cProfile.Profile()
+    profile.enable()
+    run()
+    profile.disable()
+    return pstats.Stats(profile).total_calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4096)
+    args = parser.parse_args()
+    steps = args.steps
+    batches = observers.make_batches(steps)
+
+    def observed(name):
+        def run():
+            with tempfile.TemporaryDirectory() as directory:
+                tasks = {
+                    ciclo.every(1): [
+                        observers.train_step,
+                        *observers.observers(name, directory),
+                    ]
+                }
+                _, history, _ = ciclo.loop(None, batches, tasks)
+                history.collect("steps")
+
+        return run
+
+    def bar():
+        with contextlib.redirect_stdout(io.StringIO()):
+            _, history, _ = ciclo.train_loop(
+                None,
+                batches,
+                {ciclo.on_train_step: observers.train_step},
+                callbacks=[ciclo.keras_bar(total=steps)],
+            )
+            history.collect("steps")
+
+    digits = vs_raw.digits_batches()
+    state = vs_raw.managed_state()
+
+    variants = {
+        name: observed(name)
+        for name in [
+            "bare loop",
+            "csv_logger",
+            "jsonl_logger",
+            "tensorboard",
+            "lr_monitor(schedule)",
+            "all four",
+        ]
+    }
+    variants["train_loop + keras_bar"] = bar
+    variants["ciclo.loop, managed step (digits)"] = lambda: vs_raw.run_loop(
+        digits, steps, state
+    )
+    base = None
+    print(f"# {ciclo.__file__} | {steps} steps")
+    print("| variant | calls per step | added to the bare loop |")
+    print("| --- | ---: | ---: |")
+    for name, run in variants.items():
+        per_step = calls(run) / steps
+        if base is None:
+            base = per_step
+        print(f"| {name} | {per_step:.1f} | {per_step - base:+.1f} |")
+
+
+if __name__ == "__main__":
+    main()
