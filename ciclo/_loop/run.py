@@ -99,7 +99,7 @@ class Run:
             with DEFERRED:  # Ctrl-C meanwhile: raised once the batch has counted
                 # the history's own commit, inside this block (`ls.logs` is a Logs)
                 if type(batch) is Steps and batch.rows is not None:
-                    self.rows = len(history)
+                    self.rows = history._rows  # len(history), without a call
                     if type(logs) is not Logs:  # a callback set `ls.logs` itself
                         history.commit_steps(current, batch, logs)
                     elif batch.n > 0:
@@ -109,7 +109,7 @@ class Run:
                     if len(unmerged) > 256:
                         committed(ls)
                 elif logs:
-                    self.rows = len(history)
+                    self.rows = history._rows  # len(history), without a call
                     if type(logs) is Logs:
                         history._append(current, logs)
                     else:  # a callback set `ls.logs` itself

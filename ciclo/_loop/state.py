@@ -304,8 +304,16 @@ class Apply:
             first = output[0] if len(output) == 2 else None
             if isinstance(first, Mapping) and not isinstance(first, Logs):
                 _check_pair(output, ls.state, callback)
-        if type(output) is Logs:  # the common outputs first, as split_output reads
+        kind = type(output)
+        if kind is Logs:  # the common outputs first, as split_output reads them
             logs, state = output, None
+        elif (
+            kind is tuple
+            and len(output) == 2
+            and type(output[0]) is Logs
+            and not isinstance(output[1], Logs)
+        ):  # a step's (logs, state)
+            logs, state = output
         else:
             logs, state = split_output(output, callback)
         if logs:

@@ -105,6 +105,10 @@ class ManagedStep(LoopElement):
         self._compiled: dict[Strategy, Callable[..., Any]] = {}
         self._fused: dict[tuple[Strategy, str, bool], Callable[..., Any]] = {}
         self._in_flight: collections.deque[jax.Array] = collections.deque()
+        # the strategy of the last unfused call, its compiled step and whether it
+        # places batches as they are: the next call with the same object skips
+        # the lookups
+        self._last: tuple[Strategy, Callable[..., Any], bool] | None = None
 
     def __repr__(self) -> str:
         kind = "train_step" if self.grad else "step"
@@ -129,6 +133,11 @@ class ManagedStep(LoopElement):
     def _run(
         self, state: Any, batch: Any, elapsed: Any, ahead: Item | None
     ) -> tuple[Logs, Any]:
+        strategy = getattr(state, "strategy", None)
+        last = self._last  # (the strategy object, its compiled step, as_is)
+        if last is not None and strategy is last[0] and type(batch) is not Steps:
+            # the common step: the same strategy object as the last call's
+            return self._call(last, state, batch, elapsed, ahead)
         strategy = strategy_of(state)
         if strategy is None:
             if isinstance(getattr(state, "strategy", None), str):
@@ -154,11 +163,32 @@ class ManagedStep(LoopElement):
             compiled = self._compiled[strategy] = strategy.wrap(
                 step, donate=strategy.donate and self.grad
             )
+        as_is = type(strategy).place_batch is Strategy.place_batch
+        last = (strategy, compiled, as_is)
+        if getattr(state, "strategy", None) is strategy:  # the object: remembered
+            self._last = last
+        return self._call(last, state, batch, elapsed, ahead)
+
+    def _call(
+        self,
+        last: tuple[Strategy, Callable[..., Any], bool],
+        state: Any,
+        batch: Any,
+        elapsed: Any,
+        ahead: Item | None,
+    ) -> tuple[Logs, Any]:
+        """One compiled call of `last`'s step (see `_run`)."""
+        strategy, compiled, as_is = last
         if self._arity < 2:
             batch = None
-        else:
-            copy = placed_for(ahead, strategy)  # read ahead and placed by the loop
-            batch = strategy.place_batch(batch) if copy is None else copy
+        elif (
+            ahead is not None
+            and ahead.strategy is strategy
+            and ahead.placed is not None
+        ):
+            batch = ahead.placed  # read ahead and placed by the loop
+        elif not as_is:
+            batch = strategy.place_batch(batch)
         if self._arity < 3:
             elapsed = None
         elif type(elapsed) is Elapsed and compiles(strategy):
