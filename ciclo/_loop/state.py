@@ -206,6 +206,23 @@ def committed(ls: LoopState) -> Logs:
     return merged
 
 
+_new_logs = Logs.__new__
+
+
+def _copy(logs: Logs) -> Logs:
+    """A copy of a callback's `Logs` (its collections copied, not its values):
+    `Logs(logs)`, written out for the common `Entries` collections."""
+    out = _new_logs(Logs)
+    for collection, entries in logs.items():
+        if type(entries) is not Entries:
+            return Logs(logs)
+        out[collection] = Entries(entries)
+    declared = logs._aggregations
+    if declared:
+        out._aggregations = dict(declared)
+    return out
+
+
 def _fold(merged: Logs, unmerged: list[Any]) -> None:
     """Merges the `unmerged` logs into `merged`, in order: only the newest value of
     each entry is copied (the logs are read newest first; one whose entries were
@@ -325,7 +342,7 @@ class Apply:
                 ls.logs = ls._borrowed = logs
                 logs = None
             elif target is ls._borrowed:
-                target = ls.logs = Logs(target)
+                target = ls.logs = _copy(target)
         if logs:
             try:
                 target.merge(logs)

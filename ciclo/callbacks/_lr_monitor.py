@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._entries import Entries
 from ciclo._history import transfer
-from ciclo._logs import Logs
+from ciclo._logs import METRICS, Logs
 from ciclo.callbacks._base import LoopElement
 
 if TYPE_CHECKING:
@@ -193,4 +194,12 @@ class lr_monitor(LoopElement):
 
     def __loop_callback__(self, loop_state: LoopState) -> Logs:
         # the logs alone (no state): the loop's fast path for a callback's output
+        rates = self._rates
+        if rates is not None:  # a step of the block on the host: a lookup
+            steps = loop_state.elapsed.steps
+            values, index = rates._values, steps - rates._first
+            if values is not None and type(steps) is int and 0 <= index < _BLOCK:
+                logs = _new_logs(Logs)
+                logs[METRICS] = Entries({self.name: values[index]})
+                return logs
         return self(loop_state.state, loop_state.elapsed)
