@@ -61,7 +61,8 @@ def _runner(callback: Any, where: str, table: HookTable) -> Runner:
     apply = Apply(callback, where)
     loop_callback = table.of(callback).call
     if loop_callback is not None:
-        run = lambda ls: apply(loop_callback(ls), ls)
+        # an output of None (an observer's: writers, bars) has nothing to apply
+        run = lambda ls: (out := loop_callback(ls)) is None or apply(out, ls)
         run.where = f"{where} ({describe(callback)})"
         return run
     if not callable(callback):
