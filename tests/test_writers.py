@@ -580,3 +580,38 @@ def test_public_names():
     for name in ["tensorboard", "csv_logger", "jsonl_logger", "wandb_logger"]:
         assert name in ciclo.__all__ and name in ciclo.callbacks.__all__
         assert getattr(ciclo.callbacks, name) is getattr(ciclo, name)
+
+
+def test_tensorboard_records_are_framed_with_valid_crcs(tmp_path):
+    """Every TFRecord of the event file: its length, the length's masked CRC-32C,
+    the event, the event's masked CRC-32C (what TensorBoard's reader checks),
+    over rows whose events differ in length (steps past 127, values of every
+    size, a new entry midway)."""
+    import struct
+
+    from tensorboardX.record_writer import masked_crc32c
+
+    def step(state, batch):
+        logs = ciclo.logs().add_loss("loss", float(batch) * 1.5)
+        if batch >= 150:
+            logs.add_metric("accuracy", 1.0 / (batch + 1))
+        return logs, state
+
+    ciclo.loop(None, range(300), {ciclo.every(1): step, **ciclo.tensorboard(tmp_path)})
+    (name,) = [f for f in os.listdir(tmp_path) if "tfevents" in f or "events" in f]
+    data = (tmp_path / name).read_bytes()
+    offset, records = 0, 0
+    while offset < len(data):
+        header = data[offset : offset + 8]
+        (length,) = struct.unpack("<Q", header)
+        (header_crc,) = struct.unpack("<I", data[offset + 8 : offset + 12])
+        event = data[offset + 12 : offset + 12 + length]
+        (event_crc,) = struct.unpack(
+            "<I", data[offset + 12 + length : offset + 16 + length]
+        )
+        assert header_crc == masked_crc32c(header)
+        assert event_crc == masked_crc32c(event)
+        offset += 16 + length
+        records += 1
+    assert offset == len(data)
+    assert records >= 300  # a record per row, after the file's own

@@ -132,6 +132,8 @@ class tensorboard(Writer):
         self._crc = _masked(masked_crc32c)
         # entry name -> (its tag, its Summary.Value encoded up to the value)
         self._prefixes: dict[str, tuple[str, bytes]] = {}
+        # a record's length -> its header (the length and the length's CRC)
+        self._headers: dict[int, bytes] = {}
         caller = sys._getframe(1)
         self._made = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         self._suffix = str(writer_kwargs.pop("filename_suffix", "") or "")
@@ -207,6 +209,7 @@ class tensorboard(Writer):
         scalars, `simple_value`), encoded directly: what `write_event` writes,
         without a proto object per value."""
         tags, heads, last = self._tags, self._prefixes, self._last
+        headers = self._headers
         crc, pack = self._crc, struct.pack
         wall = b"\x09" + pack("<d", time.time())  # Event.wall_time
         out = []
@@ -240,10 +243,12 @@ class tensorboard(Writer):
                 + _varint(len(body))
                 + body
             )
-            header = pack("<Q", len(event))
-            out.append(
-                header + pack("<I", crc(header)) + event + pack("<I", crc(event))
-            )
+            size = len(event)
+            header = headers.get(size)  # the record's length and its CRC
+            if header is None:
+                length = pack("<Q", size)
+                header = headers[size] = length + pack("<I", crc(length))
+            out.append(header + event + pack("<I", crc(event)))
         return b"".join(out)
 
     def _write_events(self, events: Any, rows: list[Row]) -> None:
