@@ -88,17 +88,20 @@ def _begin(groups: list[list[Any]], *, stack: bool) -> Transfer:
         first = values[0]
         if array_impl is None and isinstance(first, jax.Array):
             array_impl = type(first)
-        dtype = getattr(first, "dtype", None)
         keys = list(map(id, values))
         distinct = dict(zip(keys, values))  # by identity, in order
+        common = False
+        if stack and type(first) is array_impl:
+            aval = first.aval  # `.dtype`, `.ndim`: properties reading it
+            dtype = aval.dtype
+            if aval.shape == () and dtype.kind in "iuf":
+                for v in distinct.values():  # a loop: no call per value
+                    if type(v) is not array_impl or v.aval.dtype != dtype:
+                        break
+                else:
+                    common = True
         if (
-            stack
-            and type(first) is array_impl
-            and first.ndim == 0
-            and first.dtype.kind in "iuf"
-            and all(
-                type(v) is array_impl and v.dtype == dtype for v in distinct.values()
-            )
+            common
         ):  # the common column: device scalars (a shape mismatch is caught later)
             bucket, seen = scalars.setdefault(dtype, ([], {}))
             for key, value in distinct.items():
