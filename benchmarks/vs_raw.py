@@ -31,6 +31,11 @@ variant is warmed up first and reuses its compiled step):
 Keras rows run with `--model digits` only. Calibration rows say what the machine
 allows (they are not ciclo):
 
+  raw, at most 8 calls in flight   the raw loop waiting for the loss of the
+                 call 8 back before each call (ciclo's History bounds how far
+                 the host runs ahead; the raw loop does not, and on a GPU
+                 without preallocation a deep queue of a big model's outputs
+                 makes the allocator wait: RESULTS.md, 2026-11-27)
   raw + 5 us     the raw loop plus 5 us of pure-Python busy work per step: what any
                  per-step host work costs here (the loop's own work competes with
                  the dispatch for the same cores when the step is this small)
@@ -154,6 +159,22 @@ def run_raw(batches, steps, _, step=raw_step):
     for x, y in stream(batches, steps):
         params, opt_state, loss = step(params, opt_state, x, y)
         losses.append(loss)
+    jax.block_until_ready((params, losses))
+
+
+def run_raw_bounded(batches, steps, _, in_flight: int = 8):
+    """The raw loop waiting for the loss of the step `in_flight` calls back before
+    the next call: the host never runs further ahead (ciclo's History bounds it
+    too; an unbounded queue of a model whose outputs are large makes the
+    allocator wait on a GPU without preallocation)."""
+    params = jax.device_put(init_params())
+    opt_state = TX.init(params)
+    losses = []
+    for i, (x, y) in enumerate(stream(batches, steps)):
+        params, opt_state, loss = raw_step(params, opt_state, x, y)
+        losses.append(loss)
+        if i >= in_flight:
+            losses[i - in_flight].block_until_ready()
     jax.block_until_ready((params, losses))
 
 
@@ -391,6 +412,10 @@ def main():
     variants = {
         "raw jitted loop": (run_raw, lambda: None),
         "(calibration) raw + 5 us host work per step": (run_raw_busy, lambda: None),
+        "(calibration) raw, at most 8 calls in flight": (
+            run_raw_bounded,
+            lambda: None,
+        ),
         "(calibration) raw, batches already on the device": (
             run_raw_resident,
             lambda: [jax.device_put(b) for b in batches],
