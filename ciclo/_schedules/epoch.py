@@ -64,8 +64,10 @@ class EpochEnd(Schedule):
         after = loop_state.elapsed_after
         if after is not self._for:
             ended = self.stop is not None and self.stop.reached(after)
-            index = self._indices(after)
-            ended = ended or any(new > old for new, old in zip(index, self._index))
+            index = self._index
+            if self._fields:  # an `epoch_duration`: its counts moved on?
+                index = self._indices(after)
+                ended = ended or any(new > old for new, old in zip(index, self._index))
             requested = loop_state.stopping or loop_state.stop_iteration
             if not ended and not requested and self.passes:
                 ended = last_of_pass(loop_state)
