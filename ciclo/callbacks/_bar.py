@@ -131,13 +131,13 @@ class ProgressBar(LoopElement):
         self._epoch(logs, elapsed, after)
         self._update(after)
 
-    def __loop_callback__(self, loop_state: LoopState) -> tuple[None, None]:
+    def __loop_callback__(self, loop_state: LoopState) -> None:
+        # None: no logs, no state (the loop applies nothing)
         self._values.follow(loop_state.history, loop_state.logs)
         if self._epoch_ended or self._summaries or self._epoch_from is None:
             self._epoch(loop_state.logs, loop_state.elapsed, loop_state.elapsed_after)
         if not self._finished and self._due(loop_state.elapsed):
             self._update(loop_state.elapsed_after)
-        return None, None
 
     def __loop_end__(self, loop_state: LoopState) -> None:
         """Shows the final values and closes the bar (normal end, Ctrl-C, error)."""

@@ -344,7 +344,7 @@ class nan_guard(LoopElement):
         self._react()
         return found
 
-    def __loop_callback__(self, loop_state: Any) -> tuple[None, Any]:
+    def __loop_callback__(self, loop_state: Any) -> tuple[None, Any] | None:
         loop_state._nan_guard = self  # a checkpoint there saves no bad state
         if self.found is None:
             history = loop_state.history
@@ -363,7 +363,7 @@ class nan_guard(LoopElement):
                 self._react(loop_state)
                 if self.keep_good_state and self.good_state is not None:
                     return None, self.good_state
-        return None, None
+        return None  # nothing to apply: the common step
 
     def close(self) -> None:
         """Checks every unchecked row (waiting for the device); raises or warns."""
