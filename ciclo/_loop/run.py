@@ -104,16 +104,13 @@ class Run:
                         history.commit_steps(current, batch, logs)
                     elif batch.n > 0:
                         history._append_steps(current, batch, logs)
-                    unmerged = self.unmerged
-                    unmerged.append(logs)
-                    if len(unmerged) > 256:
-                        committed(ls)
                 elif logs:
                     self.rows = history._rows  # len(history), without a call
                     if type(logs) is Logs:
                         history._append(current, logs)
                     else:  # a callback set `ls.logs` itself
                         history.commit(current, logs)
+                if self.rows is not None:  # committed: `accumulated_logs` has it
                     unmerged = self.unmerged
                     unmerged.append(logs)
                     if len(unmerged) > 256:

@@ -16,7 +16,7 @@ import numpy as np
 from ciclo._entries import Entries
 from ciclo._history.history import History
 from ciclo._input.batch import Item
-from ciclo._logs import Logs
+from ciclo._logs import Logs, _new_logs
 from ciclo._loop.callback import describe, split_output
 from ciclo._time import Elapsed
 from ciclo._warn import warn
@@ -204,9 +204,6 @@ def committed(ls: LoopState) -> Logs:
         _fold(merged, unmerged)
         unmerged.clear()
     return merged
-
-
-_new_logs = Logs.__new__
 
 
 def _copy(logs: Logs) -> Logs:

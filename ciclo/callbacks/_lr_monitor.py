@@ -12,7 +12,7 @@ import numpy as np
 
 from ciclo._entries import Entries
 from ciclo._history import transfer
-from ciclo._logs import METRICS, Logs
+from ciclo._logs import METRICS, Logs, _new_logs
 from ciclo.callbacks._base import LoopElement
 
 if TYPE_CHECKING:
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 __all__ = ["lr_monitor"]
 
 _BLOCK = 1024  # steps of a schedule computed in one compiled call
-_new_logs = Logs.__new__  # an empty Logs without an __init__ call (every step)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -195,11 +194,8 @@ class lr_monitor(LoopElement):
     def __loop_callback__(self, loop_state: LoopState) -> Logs:
         # the logs alone (no state): the loop's fast path for a callback's output
         rates = self._rates
-        if rates is not None:  # a step of the block on the host: a lookup
-            steps = loop_state.elapsed.steps
-            values, index = rates._values, steps - rates._first
-            if values is not None and type(steps) is int and 0 <= index < _BLOCK:
-                logs = _new_logs(Logs)
-                logs[METRICS] = Entries({self.name: values[index]})
-                return logs
-        return self(loop_state.state, loop_state.elapsed)
+        if rates is None:  # the optimizer state's value
+            return self(loop_state.state, loop_state.elapsed)
+        logs = _new_logs(Logs)  # the schedule's value: a lookup in its block
+        logs[METRICS] = Entries({self.name: rates(int(loop_state.elapsed.steps))})
+        return logs

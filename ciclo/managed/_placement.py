@@ -17,7 +17,7 @@ import numpy as np
 
 from ciclo._entries import Entries
 from ciclo._input.batch import Steps
-from ciclo._logs import Logs
+from ciclo._logs import Logs, _new_logs
 from ciclo._strategies.base import Strategy
 from ciclo._time import Elapsed
 
@@ -86,9 +86,6 @@ def as_logs(logs: Any) -> Any:
     for name, entries in logs.items():
         out[name] = Entries(entries)
     return out
-
-
-_new_logs = Logs.__new__
 
 
 def compiles(strategy: Strategy) -> bool:
