@@ -109,6 +109,64 @@ def test_lr_monitor_from_a_schedule_in_loop_and_by_hand():
     assert float(logs.metrics.learning_rate) == pytest.approx(float(SCHEDULE(3)))
 
 
+def test_lr_monitor_never_changes_the_logs_a_step_returned():
+    # the step hands the loop one Logs object every step (its own); lr_monitor
+    # beside it adds its entry to the step's row, not to that object
+    shared = ciclo.logs().add_loss("loss", 1.0)
+    seen = []
+
+    def step(state, batch):
+        seen.append(dict(shared))
+        return shared, state
+
+    for form in (ciclo.lr_monitor(SCHEDULE, name="lr"), ciclo.lr_monitor(name="lr")):
+        shared_before = {c: dict(e) for c, e in shared.items()}
+        _, history, _ = ciclo.loop(
+            make_state(optax.inject_hyperparams(optax.sgd)(learning_rate=SCHEDULE)),
+            data(4),
+            {ciclo.every(1): [step, form]},
+        )
+        assert {c: dict(e) for c, e in shared.items()} == shared_before
+        assert history.collect("loss") == [1.0] * 4
+        np.testing.assert_allclose(
+            history.collect("lr"), [SCHEDULE(0)] * 4 if form.schedule is None
+            else [SCHEDULE(s) for s in range(4)], rtol=1e-6
+        )
+    assert all(set(row) == {"losses"} for row in seen)
+
+
+def test_lr_monitor_beside_a_managed_step_and_a_second_logger():
+    # lr_monitor's entry joins the managed step's row, and another callback's
+    # logs after it are merged too; each row holds all three, per step
+    state = managed.ManagedState.create(
+        params={"w": jnp.ones(3)}, tx=optax.sgd(SCHEDULE), strategy="jit"
+    )
+
+    def fit(state, batch):
+        return ciclo.logs().add_loss("loss", jnp.sum((state.params["w"] * batch) ** 2))
+
+    def extra(state, batch, elapsed):
+        return ciclo.logs().add_metric("step_seen", elapsed.steps), None
+
+    _, history, _ = ciclo.loop(
+        state,
+        data(6),
+        {
+            ciclo.every(1): [
+                managed.train_step(fit),
+                ciclo.lr_monitor(SCHEDULE, name="lr"),
+                extra,
+            ]
+        },
+    )
+    assert history.collect("steps") == list(range(6))
+    assert history.collect("step_seen") == list(range(6))
+    np.testing.assert_allclose(history.collect("lr"), [SCHEDULE(s) for s in range(6)])
+    assert len(history.collect("loss")) == 6
+    row = history[-1]
+    assert set(row.metrics) == {"lr", "step_seen"} and set(row.losses) == {"loss"}
+
+
 def test_lr_monitor_schedule_is_compiled_once_with_todays_values():
     # the schedule runs traced once (not op by op each step) and gives the values
     # of an op-by-op call, across the blocks it is computed in

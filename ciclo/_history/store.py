@@ -21,6 +21,8 @@ from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
 from ciclo._time import Elapsed, new_elapsed
 
+_ARRAY = array.array
+
 __all__ = ["ELAPSED", "HistoryStore"]
 
 ELAPSED = "elapsed"
@@ -108,7 +110,16 @@ class HistoryStore:
                 column.rows.append(row)
                 kind = type(value)
                 if (kind is float or kind is int) and not column.pending:
-                    column.append(value)  # a host number: no transfer (lr_monitor)
+                    # a host number: no transfer (lr_monitor); a float, as is
+                    values = column.values
+                    if (
+                        kind is float
+                        and type(values) is _ARRAY
+                        and values.typecode == "d"
+                    ):
+                        values.append(value)
+                    else:
+                        column.append(value)
                 else:
                     column.pending.append(value)
         steps, samples, time, date = self._elapsed

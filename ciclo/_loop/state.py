@@ -68,6 +68,7 @@ class LoopState:
         "_borrowed",
         "_committed",
         "_data",
+        "_fresh",
         "_interrupted",
         "_nan_guard",
         "_unmerged",
@@ -97,6 +98,7 @@ class LoopState:
     placed: Item | None
     _committed: Logs
     _borrowed: Logs | None
+    _fresh: Logs | None
     _data: Any
     _after_commit: list[Callable[..., None]]
     _nan_guard: Any
@@ -118,6 +120,7 @@ class LoopState:
         self._committed = Logs()
         self._unmerged = []  # committed steps' logs not merged into it yet
         self._borrowed = None  # a callback's Logs taken as the batch's logs
+        self._fresh = None  # a Logs made for the loop alone (`hand_over`)
         self._data = None  # the iterator the batches come from
         self._after_commit = []  # run once the step's row is committed
         self._nan_guard = None  # a `nan_guard` running in this loop
@@ -204,6 +207,36 @@ def committed(ls: LoopState) -> Logs:
         _fold(merged, unmerged)
         unmerged.clear()
     return merged
+
+
+def hand_over(ls: LoopState | Any, logs: Logs) -> None:
+    """Tells `ls`'s loop that `logs` was made for it alone (a compiled call's
+    outputs, built afresh for the loop, as a managed step's): taken as the
+    batch's logs, other callbacks' entries are added to it in place instead of
+    to a copy. No effect on anything but a loop's state."""
+    if type(ls) is LoopState:
+        ls._fresh = logs
+
+
+def log_entry(ls: LoopState, collection: str, name: str, value: Any) -> None:
+    """Adds one entry to the batch's logs, as a callback returning
+    `Logs({collection: {name: value}})` would (entries merged in order, the
+    newest winning), without a `Logs` of its own: an observer's per-step value
+    (`lr_monitor`). A callback's own `Logs` taken as the batch's is copied
+    first (never changed)."""
+    logs = ls.logs
+    if type(logs) is not Logs:  # a callback set `ls.logs` itself
+        ls.logs = Logs(logs).merge({collection: {name: value}})
+        return
+    if logs is ls._borrowed:
+        logs = ls.logs = _copy(logs)
+    entries = logs.get(collection)
+    if type(entries) is Entries:
+        entries[name] = value
+    elif entries is None:
+        logs[collection] = Entries({name: value})
+    else:  # a collection that is not `Entries` (set by hand): merged as usual
+        logs.merge({collection: {name: value}})
 
 
 def _copy(logs: Logs) -> Logs:
@@ -335,8 +368,11 @@ class Apply:
             if not target and type(logs) is Logs:
                 # the batch's first logs are taken as they are, copied only if
                 # another callback's logs are merged in (the callback's object
-                # is never changed)
-                ls.logs = ls._borrowed = logs
+                # is never changed), unless made for the loop alone
+                if logs is ls._fresh:
+                    ls.logs, ls._fresh = logs, None
+                else:
+                    ls.logs = ls._borrowed = logs
                 logs = None
             elif target is ls._borrowed:
                 target = ls.logs = _copy(target)

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo._entries import Entries
 from ciclo._history import transfer
 from ciclo._logs import METRICS, Logs, _new_logs
+from ciclo._loop.state import log_entry
 from ciclo.callbacks._base import LoopElement
 
 if TYPE_CHECKING:
@@ -191,11 +191,17 @@ class lr_monitor(LoopElement):
         """The logs `{"metrics": {name: learning rate}}` for `state`."""
         return _new_logs(Logs).add_metric(self.name, self.learning_rate(state, elapsed))
 
-    def __loop_callback__(self, loop_state: LoopState) -> Logs:
-        # the logs alone (no state): the loop's fast path for a callback's output
+    def __loop_callback__(self, loop_state: LoopState) -> None:
+        # the value joins the batch's logs in place (no Logs of its own to merge)
         rates = self._rates
         if rates is None:  # the optimizer state's value
-            return self(loop_state.state, loop_state.elapsed)
-        logs = _new_logs(Logs)  # the schedule's value: a lookup in its block
-        logs[METRICS] = Entries({self.name: rates(int(loop_state.elapsed.steps))})
-        return logs
+            value = self.learning_rate(loop_state.state)
+        else:  # the schedule's value: a lookup in its block
+            step = loop_state.elapsed.steps
+            index = step - rates._first
+            values = rates._values
+            if values is not None and 0 <= index < _BLOCK:
+                value = values[index]
+            else:
+                value = rates(int(step))
+        log_entry(loop_state, METRICS, self.name, value)

@@ -22,6 +22,7 @@ import numpy as np
 from ciclo._input.batch import Item, Steps, placed_for
 from ciclo._logs import Logs
 from ciclo._loop.callback import arity, describe, split_output
+from ciclo._loop.state import hand_over
 from ciclo._short import short
 from ciclo._strategies.base import Collectives, Strategy
 from ciclo._strategies.registry import get_strategy, strategy_of
@@ -109,6 +110,7 @@ class ManagedStep(LoopElement):
         # places batches as they are: the next call with the same object skips
         # the lookups
         self._last: tuple[Strategy, Callable[..., Any], bool] | None = None
+        self._made: Logs | None = None  # the last logs `_call` built (`as_logs`)
 
     def __repr__(self) -> str:
         kind = "train_step" if self.grad else "step"
@@ -128,7 +130,10 @@ class ManagedStep(LoopElement):
         """In a loop: the batch's copy placed ahead by the input stage, if any,
         comes with the loop state (`loop_state.placed`)."""
         ls = loop_state
-        return self._run(ls.state, ls.batch, ls.elapsed, ls.placed)
+        out = self._run(ls.state, ls.batch, ls.elapsed, ls.placed)
+        if out[0] is self._made:  # built here from the compiled call's outputs
+            hand_over(ls, out[0])  # the loop's alone: merged into in place
+        return out
 
     def _run(
         self, state: Any, batch: Any, elapsed: Any, ahead: Item | None
@@ -195,7 +200,7 @@ class ManagedStep(LoopElement):
             elapsed = pack(elapsed)
         logs, state = compiled(state, batch, elapsed)
         if type(logs) is dict:
-            logs = as_logs(logs)
+            logs = self._made = as_logs(logs)
         if strategy.max_in_flight is not None:
             self._bound_in_flight(strategy.max_in_flight, logs, state)
         return logs, state
