@@ -104,6 +104,13 @@ def _begin(groups: list[list[Any]], *, stack: bool) -> Transfer:
             common
         ):  # the common column: device scalars (a shape mismatch is caught later)
             bucket, seen = scalars.setdefault(dtype, ([], {}))
+            first = len(bucket)
+            if len(distinct) == len(keys) and seen.keys().isdisjoint(keys):
+                # each value once, none in an earlier column: a slice of the stack
+                bucket.extend(values)
+                seen.update(zip(keys, range(first, first + len(keys))))
+                plans.append([["scalar", dtype, slice(first, len(bucket))]])
+                continue
             for key, value in distinct.items():
                 if key not in seen:
                     seen[key] = len(bucket)
@@ -178,12 +185,11 @@ class Transfer:
         # explicit transfers (allowed under jax.transfer_guard("disallow")) of
         # computed values: nothing is dispatched here (it would wait for every
         # step queued since); a list holds scalars that could not be stacked
-        host = {
-            key: np.asarray(jax.device_get(value))
-            if isinstance(value, jax.Array)
-            else get(value)
-            for key, value in self._host.items()
-        }
+        with explicit():  # as `jax.device_get` reads a computed array
+            host = {
+                key: np.asarray(value) if isinstance(value, jax.Array) else get(value)
+                for key, value in self._host.items()
+            }
         others = get(self._others) if self._others else self._others
         out: list[Any] = []
         for plan in self._plans:
@@ -193,11 +199,11 @@ class Transfer:
                     parts.append([others[i] for i in index])
                 else:
                     values = host[source if kind == "scalar" else id(source)]
-                    parts.append(
-                        values[index]
-                        if isinstance(values, np.ndarray)
-                        else [values[i] for i in index]
-                    )
+                    # a slice (a run of the stack, in order) reads a list too
+                    if type(index) is slice or isinstance(values, np.ndarray):
+                        parts.append(values[index])
+                    else:
+                        parts.append([values[i] for i in index])
             arrays = all(isinstance(p, np.ndarray) for p in parts)
             if arrays and len({p.dtype for p in parts}) == 1:
                 out.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
