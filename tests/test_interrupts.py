@@ -199,7 +199,7 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
         "Logs.merge",
         "batch_size",
     } <= points
-    assert "Elapsed.update_time" in points
+    assert "new_elapsed" in points  # the next batch's clock (`Run.batches`)
     if value is not int:
         assert {"start", "Transfer.result", "Column.extend"} <= points
 

@@ -98,9 +98,14 @@ class Item:
 def host_copy(batch: Any) -> Any:
     """`batch` with its numpy leaves copied (others are immutable)."""
     kind = type(batch)
-    if kind is tuple or kind is list:
-        if all(type(x) is np.ndarray for x in batch):
-            return kind([x.copy() for x in batch])
+    if kind is tuple or kind is list:  # (x, y): a plain loop, no tree walk
+        copies = []
+        for x in batch:
+            if type(x) is not np.ndarray:
+                break
+            copies.append(x.copy())
+        else:
+            return kind(copies)
     elif kind is dict:
         if all(type(x) is np.ndarray for x in batch.values()):
             return {k: x.copy() for k, x in batch.items()}

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ciclo import _time
 from ciclo._input.batch import Steps, batch_size
 from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
 from ciclo._loop.runners import ScheduleBlame, fired
 from ciclo._loop.state import committed
+from ciclo._time import new_elapsed
 
 __all__ = ["Run"]
 
@@ -57,6 +59,7 @@ class Run:
         size_fn = self.batch_size_fn
         current = self.current
         new_logs = Logs.__new__  # an empty Logs, without a Python __init__ call
+        now = _time._time.time  # ciclo's clock (`Elapsed.update`'s)
         watch = self.watch
         if stop is not None and stop.reached(current):
             iterator = iter(())
@@ -70,11 +73,22 @@ class Run:
                 self._on_start()
                 if ls.stop_iteration or ls.stopping:
                     return
+            # `current.update(...)`, written out (the hot path)
             if type(batch) is Steps:  # fused: counts as batch.n steps
                 batch.rows = None
-                after = current.update(batch.samples, steps=batch.n)
+                after = new_elapsed(
+                    current.steps + batch.n,
+                    current.samples + batch.samples,
+                    now(),
+                    current.date_start,
+                )
             else:
-                after = current.update(batch_size(batch, size_fn))
+                after = new_elapsed(
+                    current.steps + 1,
+                    current.samples + batch_size(batch, size_fn),
+                    now(),
+                    current.date_start,
+                )
             ls.elapsed_after = after
             self.state, self.rows, self.done = ls.state, None, False
             self.in_batch = True
@@ -128,7 +142,10 @@ class Run:
                 or (stop is not None and stop.reached(after))
             ):
                 break
-            current = self.current = after.update_time()
+            # `after.update_time()`, written out: the next batch starts now
+            current = self.current = new_elapsed(
+                after.steps, after.samples, now(), after.date_start
+            )
         if not self.started:  # no batch at all: on_start still runs once
             ls.batch = None
             self._on_start()
