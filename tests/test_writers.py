@@ -91,6 +91,32 @@ def test_csv_and_jsonl_rows_equal_history(tmp_path):
     np.testing.assert_allclose([r["time"] for r in lines], times)
 
 
+def test_csv_entry_named_like_an_elapsed_column_and_a_late_entry(tmp_path):
+    # an entry named "time" fills the time column (as a row's entries always
+    # did); an entry first logged late goes in a new column, earlier rows ""
+    def step(state, batch, elapsed):
+        logs = ciclo.logs().add_metric("x", float(batch))
+        if elapsed.steps >= 70:
+            logs.add_metric("time", 100.0 + batch)
+        if elapsed.steps >= 3:
+            logs.add_metric("late", 2.0 * batch)
+        return logs, state
+
+    ciclo.loop(
+        None,
+        range(80),
+        {ciclo.every(1): [step, ciclo.csv_logger(tmp_path / "log.csv")]},
+    )
+    rows = read_csv(tmp_path / "log.csv")
+    assert list(rows[0]) == ["steps", "samples", "time", "completed", "x", "late"]
+    assert [int(r["steps"]) for r in rows] == list(range(80))
+    assert [r["x"] for r in rows] == [str(float(i)) for i in range(80)]
+    assert [r["late"] for r in rows[:3]] == ["", "", ""]
+    assert [float(r["late"]) for r in rows[3:]] == [2.0 * i for i in range(3, 80)]
+    assert [float(r["time"]) for r in rows[70:]] == [100.0 + i for i in range(70, 80)]
+    assert all(float(r["time"]) < 100.0 for r in rows[:70])
+
+
 def test_tensorboard_event_file_holds_tags_steps_and_last_values(tmp_path):
     need_tensorboard()
     from tensorboard.backend.event_processing.event_accumulator import (

@@ -225,26 +225,40 @@ class csv_logger(_FileWriter):
             return
         file = self._open(rows)
         new = []
-        known = set(self._fields)
+        known = set(self._fields).difference(ELAPSED_COLUMNS)
+        clash = False  # an entry named like an elapsed column (its value wins)
         for row in rows:
             for name in row.entries:
-                if name not in known and name not in ELAPSED_COLUMNS:
-                    known.add(name)
-                    new.append(name)
+                if name not in known:
+                    if name in ELAPSED_COLUMNS:
+                        clash = True
+                    else:
+                        known.add(name)
+                        new.append(name)
         if new or not self._fields:
             fields = self._fields or list(ELAPSED_COLUMNS)
             self._fields = fields + new
             file = self._rewrite()
         fields, lines = self._fields, []
-        for row in rows:  # the cells in the header's order ("" where not logged)
-            cells = {
-                "steps": row.steps,
-                "samples": row.samples,
-                "time": row.time,
-                "completed": row.completed,
-            }
-            cells.update(row.entries)  # numbers: csv writes nan/inf as float() reads
-            lines.append([cells.get(field, "") for field in fields])
+        n = len(ELAPSED_COLUMNS)
+        if not clash and tuple(fields[:n]) == ELAPSED_COLUMNS:  # ciclo's header
+            names = fields[n:]
+            for row in rows:  # the cells in the header's order ("" where not logged)
+                get = row.entries.get  # numbers: csv writes nan/inf as float() reads
+                lines.append(
+                    [row.steps, row.samples, row.time, row.completed]
+                    + [get(name, "") for name in names]
+                )
+        else:  # a header of another order (an existing file's), or a clash
+            for row in rows:
+                cells = {
+                    "steps": row.steps,
+                    "samples": row.samples,
+                    "time": row.time,
+                    "completed": row.completed,
+                }
+                cells.update(row.entries)
+                lines.append([cells.get(field, "") for field in fields])
         csv.writer(file).writerows(lines)
         self.rows_written += len(lines)
         file.flush()
