@@ -117,6 +117,40 @@ def test_csv_entry_named_like_an_elapsed_column_and_a_late_entry(tmp_path):
     assert all(float(r["time"]) < 100.0 for r in rows[:70])
 
 
+def test_jsonl_lines_are_json_dumps_of_each_row(tmp_path):
+    # the file's text, byte for byte, is json.dumps of each row's record (json's
+    # NaN/Infinity, escaped names, ints as ints), as json.loads reads it back
+    values = [0.5, float("nan"), float("inf"), -float("inf"), -0.0, 1e300, 3.0]
+
+    def step(state, batch, elapsed):
+        logs = ciclo.logs().add_metric('qu"ote ü', values[batch])
+        return logs.add_loss("loss", float(batch)), state
+
+    _, history, _ = ciclo.loop(
+        None,
+        range(len(values)),
+        {ciclo.every(1): [step, ciclo.jsonl_logger(tmp_path / "log.jsonl")]},
+    )
+    with open(tmp_path / "log.jsonl") as file:
+        lines = file.read().splitlines()
+    times, samples = history.collect("time"), history.collect("samples")
+    expected = [
+        json.dumps(
+            {
+                "steps": i,
+                "samples": samples[i],
+                "time": times[i],
+                "completed": i + 1,
+                "loss": float(i),  # losses first, then metrics
+                'qu"ote ü': value,
+            }
+        )
+        for i, value in enumerate(values)
+    ]
+    assert lines == expected
+    assert '"qu\\"ote \\u00fc": NaN' in lines[1] and '"steps": 6, ' in lines[6]
+
+
 def test_tensorboard_event_file_holds_tags_steps_and_last_values(tmp_path):
     need_tensorboard()
     from tensorboard.backend.event_processing.event_accumulator import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from typing import TextIO
 
@@ -15,6 +16,46 @@ from ciclo.callbacks._writer import Writer
 __all__ = ["csv_logger", "jsonl_logger"]
 
 _JSON = json.JSONEncoder()  # what json.dumps uses by default
+# json's text of the floats `repr` spells otherwise
+_SPECIAL = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+_ELAPSED = frozenset(ELAPSED_COLUMNS)
+_INF = math.inf
+
+
+def _json_line(row: Row, keys: dict[str, str]) -> str | None:
+    """`json.dumps` of a row's record (its elapsed fields, then its entries),
+    written out for the common row of Python numbers (`keys`: each entry name's
+    JSON key, cached); None for any other row (then `json` encodes it)."""
+    steps, samples, time, completed = row.steps, row.samples, row.time, row.completed
+    if (
+        type(steps) is not int
+        or type(samples) is not int
+        or type(completed) is not int
+        or type(time) is not float
+        or not -_INF < time < _INF  # nan, inf
+    ):
+        return None
+    cells = [
+        f'{{"steps": {steps!r}, "samples": {samples!r}, "time": {time!r}, '
+        f'"completed": {completed!r}'
+    ]
+    for name, value in row.entries.items():
+        kind = type(value)
+        if kind is float:
+            text = repr(value)
+            if text[-1] in "fn":  # inf, -inf, nan
+                text = _SPECIAL[text]
+        elif kind is int:
+            text = repr(value)
+        else:
+            return None
+        key = keys.get(name)
+        if key is None:
+            if type(name) is not str or name in _ELAPSED:
+                return None  # an entry named like an elapsed field replaces it
+            key = keys[name] = f"{json.dumps(name)}: "
+        cells.append(key + text)
+    return ", ".join(cells) + "}"
 
 
 class _FileWriter(Writer):
@@ -119,15 +160,19 @@ class jsonl_logger(_FileWriter):
             return
         file = self._open(rows)
         encode, lines = _JSON.encode, []
+        keys = self.__dict__.setdefault("_json_keys", {})  # name -> its JSON key
         for row in rows:
-            record = {
-                "steps": row.steps,
-                "samples": row.samples,
-                "time": row.time,
-                "completed": row.completed,
-            }
-            record.update(row.entries)
-            lines.append(encode(record))
+            line = _json_line(row, keys)
+            if line is None:  # not all Python numbers: json encodes it
+                record = {
+                    "steps": row.steps,
+                    "samples": row.samples,
+                    "time": row.time,
+                    "completed": row.completed,
+                }
+                record.update(row.entries)
+                line = encode(record)
+            lines.append(line)
         lines.append("")
         file.write("\n".join(lines))
         self.rows_written += len(rows)
