@@ -42,11 +42,11 @@ def _json_line(row: Row, keys: dict[str, str]) -> str | None:
     for name, value in row.entries.items():
         kind = type(value)
         if kind is float:
-            text = repr(value)
+            text = f"{value!r}"
             if text[-1] in "fn":  # inf, -inf, nan
                 text = _SPECIAL[text]
         elif kind is int:
-            text = repr(value)
+            text = f"{value!r}"
         else:
             return None
         key = keys.get(name)
