@@ -25,10 +25,10 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import observers  # noqa: E402
-import vs_raw  # noqa: E402
+import observers
+import vs_raw
 
-import ciclo  # noqa: E402
+import ciclo
 
 
 def calls(run) -> int:

@@ -21,9 +21,7 @@ import time
 
 import jax
 import numpy as np
-
 import vs_raw
-from ciclo import managed
 
 
 def main() -> None:
@@ -46,7 +44,7 @@ def main() -> None:
 
     def ciclo_step(i):
         nonlocal state
-        logs, state = step(state, batches[i % 2])
+        _, state = step(state, batches[i % 2])
         return state.params
 
     report = {}

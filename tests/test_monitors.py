@@ -129,8 +129,11 @@ def test_lr_monitor_never_changes_the_logs_a_step_returned():
         assert {c: dict(e) for c, e in shared.items()} == shared_before
         assert history.collect("loss") == [1.0] * 4
         np.testing.assert_allclose(
-            history.collect("lr"), [SCHEDULE(0)] * 4 if form.schedule is None
-            else [SCHEDULE(s) for s in range(4)], rtol=1e-6
+            history.collect("lr"),
+            [SCHEDULE(0)] * 4
+            if form.schedule is None
+            else [SCHEDULE(s) for s in range(4)],
+            rtol=1e-6,
         )
     assert all(set(row) == {"losses"} for row in seen)
 
