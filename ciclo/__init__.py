@@ -104,9 +104,18 @@ def __getattr__(name: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ImportError(
-            f"ciclo.{name} needs {error.name or 'a package that is missing'} "
-            f"({error}); install it with: pip install 'ciclo[{extra}]'."
+        package = error.name or ""
+        if package == "ciclo" or package.startswith("ciclo."):
+            raise  # ciclo's own import failed: not a dependency's
+        if isinstance(error, ModuleNotFoundError):  # a dependency is missing
+            raise ImportError(
+                f"ciclo.{name} needs {package or 'a package that is missing'} "
+                f"({error}); install it with: pip install 'ciclo[{extra}]'."
+            ) from error
+        raise ImportError(  # installed, but importing from it failed
+            f"ciclo.{name} could not import from {package or 'a dependency'}, "
+            f"which is installed but failed: {error}. An incompatible version? "
+            f"Upgrade it: pip install -U 'ciclo[{extra}]'."
         ) from error
     value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value

@@ -355,6 +355,33 @@ def test_missing_optional_dependency_says_what_to_install():
     assert "pip install 'ciclo[checkpoint]'" in result.stderr, result.stderr[-2000:]
 
 
+def test_an_import_error_of_an_installed_package_is_not_called_a_missing_extra():
+    # orbax is installed but an import inside it fails (e.g. an incompatible
+    # version): the message names the failing import and says to upgrade, not
+    # that the extra is missing; an error in ciclo's own modules stays as it is
+    result = _subprocess(
+        """
+        import sys, types
+        broken = types.ModuleType("orbax.checkpoint")
+        def __getattr__(name):
+            raise ImportError("cannot import name 'CheckpointManager' from "
+                              "'orbax.checkpoint'", name="orbax.checkpoint")
+        broken.__getattr__ = __getattr__
+        sys.modules["orbax.checkpoint"] = broken
+        import ciclo
+        try:
+            ciclo.checkpoint
+        except ImportError as error:
+            print("MESSAGE:", error, file=sys.stderr)
+            raise
+        """
+    )
+    assert result.returncode != 0
+    message = result.stderr.split("MESSAGE:", 1)[-1]
+    assert "is installed but" in message and "CheckpointManager" in message, message
+    assert "pip install -U 'ciclo[checkpoint]'" in message, message
+
+
 # -- checkpoints -------------------------------------------------------------------
 def _foreign(directory):
     """A directory with a step folder ciclo/orbax did not write."""
