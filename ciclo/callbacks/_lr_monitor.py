@@ -197,11 +197,5 @@ class lr_monitor(LoopElement):
         if rates is None:  # the optimizer state's value
             value = self.learning_rate(loop_state.state)
         else:  # the schedule's value: a lookup in its block
-            step = loop_state.elapsed.steps
-            index = step - rates._first
-            values = rates._values
-            if values is not None and 0 <= index < _BLOCK:
-                value = values[index]
-            else:
-                value = rates(int(step))
+            value = rates(int(loop_state.elapsed.steps))
         log_entry(loop_state, METRICS, self.name, value)
