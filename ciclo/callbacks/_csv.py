@@ -7,7 +7,7 @@ import io
 import json
 import math
 import os
-from typing import TextIO
+from typing import Any, TextIO
 
 from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo.callbacks._rows import ELAPSED_COLUMNS, Row
@@ -20,6 +20,19 @@ _JSON = json.JSONEncoder()  # what json.dumps uses by default
 _SPECIAL = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 _ELAPSED = frozenset(ELAPSED_COLUMNS)
 _INF = math.inf
+
+
+def _record(row: Row) -> dict[str, Any]:
+    """A row as one dict: its elapsed fields, then its entries (an entry named
+    like an elapsed field takes its place)."""
+    record = {
+        "steps": row.steps,
+        "samples": row.samples,
+        "time": row.time,
+        "completed": row.completed,
+    }
+    record.update(row.entries)
+    return record
 
 
 def _json_line(row: Row, keys: dict[str, str]) -> str | None:
@@ -164,14 +177,7 @@ class jsonl_logger(_FileWriter):
         for row in rows:
             line = _json_line(row, keys)
             if line is None:  # not all Python numbers: json encodes it
-                record = {
-                    "steps": row.steps,
-                    "samples": row.samples,
-                    "time": row.time,
-                    "completed": row.completed,
-                }
-                record.update(row.entries)
-                line = encode(record)
+                line = encode(_record(row))
             lines.append(line)
         lines.append("")
         file.write("\n".join(lines))
@@ -296,13 +302,7 @@ class csv_logger(_FileWriter):
                 )
         else:  # a header of another order (an existing file's), or a clash
             for row in rows:
-                cells = {
-                    "steps": row.steps,
-                    "samples": row.samples,
-                    "time": row.time,
-                    "completed": row.completed,
-                }
-                cells.update(row.entries)
+                cells = _record(row)
                 lines.append([cells.get(field, "") for field in fields])
         csv.writer(file).writerows(lines)
         self.rows_written += len(lines)
