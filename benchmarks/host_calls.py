@@ -15,13 +15,10 @@ calls added to the bare loop. `train_loop + keras_bar` and a managed step under
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
-import io
 import os
 import pstats
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,35 +44,11 @@ def main() -> None:
     steps = args.steps
     batches = observers.make_batches(steps)
 
-    def observed(name):
-        def run():
-            with tempfile.TemporaryDirectory() as directory:
-                tasks = {
-                    ciclo.every(1): [
-                        observers.train_step,
-                        *observers.observers(name, directory),
-                    ]
-                }
-                _, history, _ = ciclo.loop(None, batches, tasks)
-                history.collect("steps")
-
-        return run
-
-    def bar():
-        with contextlib.redirect_stdout(io.StringIO()):
-            _, history, _ = ciclo.train_loop(
-                None,
-                batches,
-                {ciclo.on_train_step: observers.train_step},
-                callbacks=[ciclo.keras_bar(total=steps)],
-            )
-            history.collect("steps")
-
     digits = vs_raw.digits_batches()
     state = vs_raw.managed_state()
 
     variants = {
-        name: observed(name)
+        name: observers.observed(observers.train_step, name, batches)
         for name in [
             "bare loop",
             "csv_logger",
@@ -85,7 +58,9 @@ def main() -> None:
             "all four",
         ]
     }
-    variants["train_loop + keras_bar"] = bar
+    variants["train_loop + keras_bar"] = observers.with_bar(
+        observers.train_step, batches
+    )
     variants["ciclo.loop, managed step (digits)"] = lambda: vs_raw.run_loop(
         digits, steps, state
     )

@@ -22,13 +22,10 @@ between machines.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import io
 import os
 import platform
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -75,36 +72,15 @@ def main() -> None:
             logs, _ = train_step(None, batch)
             kept.append(logs)
 
-    def observed(name):
-        def run():
-            with tempfile.TemporaryDirectory() as directory:
-                tasks = {
-                    ciclo.every(1): [
-                        train_step,
-                        *observers.observers(name, directory),
-                    ]
-                }
-                _, history, _ = ciclo.loop(None, batches, tasks)
-                history.collect("steps")  # every row on the host
-
-        return run
-
-    def bar():
-        with contextlib.redirect_stdout(io.StringIO()):
-            _, history, _ = ciclo.train_loop(
-                None,
-                batches,
-                {ciclo.on_train_step: train_step},
-                callbacks=[ciclo.keras_bar(total=steps)],
-            )
-            history.collect("steps")
-
     names = ["bare loop", "csv_logger", "jsonl_logger"]
     if observers._has_tensorboard():
         names.append("tensorboard")
     names += ["lr_monitor(schedule)", "all four"]
-    variants = {"raw": raw, **{name: observed(name) for name in names}}
-    variants["train_loop + keras_bar"] = bar
+    variants = {
+        "raw": raw,
+        **{name: observers.observed(train_step, name, batches) for name in names},
+    }
+    variants["train_loop + keras_bar"] = observers.with_bar(train_step, batches)
     best = dict.fromkeys(variants, float("inf"))
     for run in variants.values():  # warm-up: compilation, first-time setup
         at[0] = 0

@@ -17,7 +17,9 @@ on disk (the writers close at the loop's end) and on the host (the history read)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import io
 import json
 import os
 import platform
@@ -78,6 +80,36 @@ def observers(name: str, directory: str) -> list:
             names.append("tensorboard")
         return [made[n]() for n in names]
     return [] if name == "bare loop" else [made[name]()]
+
+
+def observed(step, name: str, batches: list):
+    """A run of `step` under `ciclo.loop` with the observers of variant `name`
+    (new ones each run), ending with every row on disk and on the host."""
+
+    def run() -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            tasks = {ciclo.every(1): [step, *observers(name, directory)]}
+            _, history, _ = ciclo.loop(None, batches, tasks)
+            history.collect("steps")
+
+    return run
+
+
+def with_bar(step, batches: list):
+    """A run of `step` in `ciclo.train_loop` with a `keras_bar` (its output
+    discarded)."""
+
+    def run() -> None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            _, history, _ = ciclo.train_loop(
+                None,
+                batches,
+                {ciclo.on_train_step: step},
+                callbacks=[ciclo.keras_bar(total=len(batches))],
+            )
+            history.collect("steps")
+
+    return run
 
 
 def seconds(name: str, batches: list) -> tuple[float, float]:
