@@ -15,7 +15,6 @@ from typing import Any
 
 from ciclo._history import transfer
 from ciclo._history.columns import Column, ElapsedColumn
-from ciclo._history.transfer import Row
 from ciclo._input.batch import Steps
 from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
@@ -166,7 +165,7 @@ class HistoryStore:
             column = self._column(collection, name)
             count = n - 1 if (collection, name) in in_last else n
             column.rows.extend(range(first, first + count))
-            column.pending.extend(Row(value, i) for i in range(count))
+            column.pending.extend(transfer.rows(value, 0, count))
         # rows 0 .. n-2 (the last one is committed below, with `logs`)
         steps_column, samples, time, date = self._elapsed
         s0, m0 = int(elapsed.steps), int(elapsed.samples)

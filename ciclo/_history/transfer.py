@@ -15,6 +15,8 @@ the hidden syncs it is meant to find) lets these deliberate, lagged fetches thro
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from itertools import repeat
 from typing import Any
 
 import jax
@@ -26,7 +28,7 @@ try:  # the scope `jax.device_get` marks its own transfers explicit with
 except ImportError:  # pragma: no cover - a jax that moved it
     _explicit_scope = None
 
-__all__ = ["Row", "Transfer", "explicit", "fetch", "get", "now", "start"]
+__all__ = ["Row", "Transfer", "explicit", "fetch", "get", "now", "rows", "start"]
 
 
 def explicit() -> contextlib.AbstractContextManager:
@@ -39,14 +41,30 @@ def explicit() -> contextlib.AbstractContextManager:
     return jax.transfer_guard_device_to_host("allow")  # pragma: no cover
 
 
-class Row:
-    """Row `index` of a value stacked over the steps of a fused call (`Steps.rows`);
-    the stacked array is fetched once for all its rows."""
+class Row(tuple):
+    """Row `index` of a value stacked over the steps of a fused call (`Steps.rows`),
+    the pair `(stacked, index)`; the stacked array is fetched once for all its
+    rows. A tuple, so that `rows` builds a call's rows without a Python call
+    each."""
 
-    __slots__ = ("index", "stacked")
+    __slots__ = ()
 
-    def __init__(self, stacked: Any, index: int):
-        self.stacked, self.index = stacked, index
+    def __new__(cls, stacked: Any, index: int) -> Row:
+        return tuple.__new__(cls, (stacked, index))
+
+    @property
+    def stacked(self) -> Any:
+        return self[0]
+
+    @property
+    def index(self) -> int:
+        return self[1]
+
+
+def rows(stacked: Any, start: int, stop: int) -> Iterator[Row]:
+    """`Row(stacked, i)` for `i` in `range(start, stop)`, built in C (a fused
+    call commits a row per step of each of its entries)."""
+    return map(tuple.__new__, repeat(Row), zip(repeat(stacked), range(start, stop)))
 
 
 def fetch(
@@ -118,12 +136,28 @@ def _begin(groups: list[list[Any]], *, stack: bool) -> Transfer:
             plans.append([["scalar", dtype, list(map(seen.__getitem__, keys))]])
             continue
         plan: list[list[Any]] = []  # [kind, source, indices] runs
+        if type(first) is Row:  # a fused call's column: runs of stacked arrays
+            last = None
+            for v in values:
+                if type(v) is not Row:
+                    break
+                source, i = v
+                if last is not None and last[1] is source:
+                    last[2].append(i)
+                else:
+                    stacked.setdefault(id(source), source)
+                    last = [Row, source, [i]]
+                    plan.append(last)
+            else:
+                plans.append(plan)
+                continue
+            plan = []  # not all rows: read each value below
         for v in values:
             kind = type(v)
             if array_impl is None and kind is not Row and isinstance(v, jax.Array):
                 array_impl = kind
             if kind is Row:
-                source, i = v.stacked, v.index
+                source, i = v
                 stacked.setdefault(id(source), source)
             elif stack and kind is array_impl and v.ndim == 0 and v.dtype.kind in "iuf":
                 kind, source = "scalar", v.dtype

@@ -58,11 +58,17 @@ def _leaves(batch: Any) -> tuple[list[Any], Any]:
     dict of numpy arrays (the common batch) without flattening."""
     kind = type(batch)
     if kind is tuple or kind is list:
-        if all(type(x) is np.ndarray for x in batch):
+        for x in batch:
+            if type(x) is not np.ndarray:
+                break
+        else:
             return list(batch), kind
     elif kind is dict:
         values = list(batch.values())
-        if all(type(x) is np.ndarray for x in values):
+        for x in values:
+            if type(x) is not np.ndarray:
+                break
+        else:
             return values, list(batch)
     return jax.tree.flatten(batch)
 
@@ -90,7 +96,10 @@ class _Group:
         self.n = self.samples = 0
 
     def add(self, batch: Any, size: int) -> None:
-        leaves, _ = _leaves(batch)
+        how = self.how
+        # the group's batches share a signature: when the first was a tuple or
+        # list of numpy arrays, so is this one, and it is its own leaves
+        leaves = batch if how is tuple or how is list else _leaves(batch)[0]
         for slot, x in zip(self.slots, leaves):
             if type(slot) is list:
                 slot.append(x)
