@@ -136,44 +136,34 @@ def _begin(groups: list[list[Any]], *, stack: bool) -> Transfer:
             plans.append([["scalar", dtype, list(map(seen.__getitem__, keys))]])
             continue
         plan: list[list[Any]] = []  # [kind, source, indices] runs
-        if type(first) is Row:  # a fused call's column: runs of stacked arrays
-            last = None
-            for v in values:
-                if type(v) is not Row:
-                    break
-                source, i = v
-                if last is not None and last[1] is source:
-                    last[2].append(i)
-                else:
-                    stacked.setdefault(id(source), source)
-                    last = [Row, source, [i]]
-                    plan.append(last)
-            else:
-                plans.append(plan)
-                continue
-            plan = []  # not all rows: read each value below
+        last = None  # the current run
         for v in values:
             kind = type(v)
-            if array_impl is None and kind is not Row and isinstance(v, jax.Array):
-                array_impl = kind
-            if kind is Row:
+            if kind is Row:  # a fused call's row: runs of one stacked array
                 source, i = v
+                if last is not None and last[1] is source:  # the run goes on
+                    last[2].append(i)
+                    continue
                 stacked.setdefault(id(source), source)
-            elif stack and kind is array_impl and v.ndim == 0 and v.dtype.kind in "iuf":
-                kind, source = "scalar", v.dtype
-                bucket, seen = scalars.setdefault(source, ([], {}))
-                i = seen.get(id(v))
-                if i is None:
-                    i = seen[id(v)] = len(bucket)
-                    bucket.append(v)
             else:
-                kind, source, i = "other", None, len(others)
-                others.append(v)
-            last = plan[-1] if plan else None
+                if array_impl is None and isinstance(v, jax.Array):
+                    array_impl = kind
+                aval = v.aval if stack and kind is array_impl else None
+                if aval is not None and aval.shape == () and aval.dtype.kind in "iuf":
+                    kind, source = "scalar", aval.dtype
+                    bucket, seen = scalars.setdefault(source, ([], {}))
+                    i = seen.get(id(v))
+                    if i is None:
+                        i = seen[id(v)] = len(bucket)
+                        bucket.append(v)
+                else:
+                    kind, source, i = "other", None, len(others)
+                    others.append(v)
             if last is not None and last[0] is kind and last[1] is source:
                 last[2].append(i)
             else:
-                plan.append([kind, source, [i]])
+                last = [kind, source, [i]]
+                plan.append(last)
         plans.append(plan)
     return Transfer(scalars, stacked, others, plans)
 
