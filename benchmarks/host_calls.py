@@ -8,8 +8,10 @@ counts) per step does not move between runs, so it shows whether a change
 removed host work. Each variant runs the loop of `observers.py` (a jitted
 no-op step logging 2 device scalars, numpy batches) under `cProfile`, after a
 warm-up run, and reports the calls per step (total calls / steps) and the
-calls added to the bare loop. `train_loop + keras_bar` and a managed step under
-`ciclo.loop` (the `vs_raw.py` digits step) are measured the same way.
+calls added to the bare loop. `train_loop + keras_bar`, a managed step under
+`ciclo.loop` (the `vs_raw.py` digits step) and `vs_raw.py`'s fused K=32
+`train_loop` (its calls per step: a fused call's are 32 times that) are
+measured the same way.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def main() -> None:
         observers.train_step, batches
     )
     variants["ciclo.loop, managed step (digits)"] = lambda: vs_raw.run_loop(
+        digits, steps, state
+    )
+    # per step: x 32 for a fused call's calls
+    variants["train_loop + keras_bar, fused K=32 (digits)"] = lambda: vs_raw.run_fused(
         digits, steps, state
     )
     base = None
