@@ -93,13 +93,16 @@ class Run:
             self.state, self.rows, self.done = ls.state, None, False
             self.in_batch = True
             for schedule, reads_loop_state, runners in plan:
-                try:
-                    due = schedule(ls if reads_loop_state else current)
-                    if due is not True and due is not False:
-                        due = fired(due, schedule)
-                except Exception:
-                    self.running = ScheduleBlame(schedule)  # named in the note
-                    raise
+                if schedule is None:  # due at every batch (`make_plan`)
+                    due = True
+                else:
+                    try:
+                        due = schedule(ls if reads_loop_state else current)
+                        if due is not True and due is not False:
+                            due = fired(due, schedule)
+                    except Exception:
+                        self.running = ScheduleBlame(schedule)  # named in the note
+                        raise
                 if due:
                     for run in runners:
                         self.running = run

@@ -109,7 +109,8 @@ def runners(
 def make_plan(
     tasks: Mapping[Any, Any], table: HookTable
 ) -> list[tuple[Callable[..., bool], bool, list]]:
-    """Validates `tasks`: (loop-private schedule, reads the loop state, runners)."""
+    """Validates `tasks`: (loop-private schedule, reads the loop state, runners);
+    the schedule is None when it is due at every batch (`every_batch`)."""
     if not isinstance(tasks, Mapping):
         raise TypeError(
             f"`tasks` must be a dict {{schedule: callback_or_list}}, got "
@@ -135,7 +136,10 @@ def make_plan(
             )
         after = bool(getattr(key, "reads_loop_state", False))
         where = f"Callback tasks[{key!r}]"
-        plan.append((fresh(key), after, runners(callbacks, where, table, watch)))
+        schedule = fresh(key)
+        if isinstance(schedule, Schedule) and schedule.every_batch is True:
+            schedule = None  # due at every batch: not called
+        plan.append((schedule, after, runners(callbacks, where, table, watch)))
     return plan
 
 

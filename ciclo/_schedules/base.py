@@ -20,6 +20,8 @@ class Schedule:
     the loop works on `fresh()` copies, so one schedule object given to several
     loops shares nothing. Stateless schedules keep the default (`self`).
     Combine them with `&`, `|` and `~` (plain callables are accepted on either side).
+    A schedule true for every batch whatever `elapsed` is may say so
+    (`every_batch = True`, as `every(1)` does): the loop then does not call it.
 
     Example:
         >>> import ciclo
@@ -27,6 +29,8 @@ class Schedule:
         >>> [step for step in range(8) if s(ciclo.Elapsed.create(steps=step))]
         [2, 4]
     """
+
+    every_batch: bool = False  # true for every batch: the loop skips the call
 
     def __call__(self, elapsed: Elapsed) -> bool:
         raise NotImplementedError

@@ -72,6 +72,7 @@ class Every(Schedule):
         self.unit = unit
         self.amount = amount
         self._last: Any = None  # samples or time at the last firing
+        self.every_batch = unit == "steps" and amount == 1
 
     def __call__(self, elapsed: Elapsed) -> bool:
         if self.unit == "steps":

@@ -345,6 +345,7 @@ class Place(Schedule):
         condition = None if when is None else when.condition
         self.condition = None if condition is None else condition.fresh()
         self.reads_loop_state = epoch is not None or self.condition is not None
+        self.every_batch = not self.reads_loop_state  # no epoch, no condition
 
     def __call__(self, elapsed_or_loop_state: Elapsed | LoopState) -> bool:
         x = elapsed_or_loop_state
