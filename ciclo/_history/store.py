@@ -20,8 +20,6 @@ from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
 from ciclo._time import Elapsed, new_elapsed
 
-_ARRAY = array.array
-
 __all__ = ["ELAPSED", "HistoryStore"]
 
 ELAPSED = "elapsed"
@@ -109,16 +107,7 @@ class HistoryStore:
                 column.rows.append(row)
                 kind = type(value)
                 if (kind is float or kind is int) and not column.pending:
-                    # a host number: no transfer (lr_monitor); a float, as is
-                    values = column.values
-                    if (
-                        kind is float
-                        and type(values) is _ARRAY
-                        and values.typecode == "d"
-                    ):
-                        values.append(value)
-                    else:
-                        column.append(value)
+                    column.append(value)  # a host number: no transfer (lr_monitor)
                 else:
                     column.pending.append(value)
         steps, samples, time, date = self._elapsed
@@ -165,7 +154,7 @@ class HistoryStore:
             column = self._column(collection, name)
             count = n - 1 if (collection, name) in in_last else n
             column.rows.extend(range(first, first + count))
-            column.pending.extend(transfer.rows(value, 0, count))
+            column.pending.extend(transfer.rows(value, count))
         # rows 0 .. n-2 (the last one is committed below, with `logs`)
         steps_column, samples, time, date = self._elapsed
         s0, m0 = int(elapsed.steps), int(elapsed.samples)

@@ -42,29 +42,18 @@ def explicit() -> contextlib.AbstractContextManager:
 
 
 class Row(tuple):
-    """Row `index` of a value stacked over the steps of a fused call (`Steps.rows`),
-    the pair `(stacked, index)`; the stacked array is fetched once for all its
+    """`(stacked, index)`: row `index` of a value stacked over the steps of a
+    fused call (`Steps.rows`); the stacked array is fetched once for all its
     rows. A tuple, so that `rows` builds a call's rows without a Python call
     each."""
 
     __slots__ = ()
 
-    def __new__(cls, stacked: Any, index: int) -> Row:
-        return tuple.__new__(cls, (stacked, index))
 
-    @property
-    def stacked(self) -> Any:
-        return self[0]
-
-    @property
-    def index(self) -> int:
-        return self[1]
-
-
-def rows(stacked: Any, start: int, stop: int) -> Iterator[Row]:
-    """`Row(stacked, i)` for `i` in `range(start, stop)`, built in C (a fused
-    call commits a row per step of each of its entries)."""
-    return map(tuple.__new__, repeat(Row), zip(repeat(stacked), range(start, stop)))
+def rows(stacked: Any, n: int) -> Iterator[Row]:
+    """The rows `0 .. n-1` of `stacked`, built in C (a fused call commits a row
+    per step of each of its entries)."""
+    return map(tuple.__new__, repeat(Row), zip(repeat(stacked), range(n)))
 
 
 def fetch(

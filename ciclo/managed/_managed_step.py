@@ -184,14 +184,11 @@ class ManagedStep(LoopElement):
     ) -> tuple[Logs, Any]:
         """One compiled call of `last`'s step (see `_run`)."""
         strategy, compiled, as_is = last
+        placed = None if ahead is None else placed_for(ahead, strategy)
         if self._arity < 2:
             batch = None
-        elif (
-            ahead is not None
-            and ahead.strategy is strategy
-            and ahead.placed is not None
-        ):
-            batch = ahead.placed  # read ahead and placed by the loop
+        elif placed is not None:
+            batch = placed  # read ahead and placed by the loop
         elif not as_is:
             batch = strategy.place_batch(batch)
         if self._arity < 3:
