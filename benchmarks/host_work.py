@@ -81,6 +81,9 @@ def main() -> None:
         **{name: observers.observed(train_step, name, batches) for name in names},
     }
     variants["train_loop + keras_bar"] = observers.with_bar(train_step, batches)
+    variants["train_loop + keras_bar, generator"] = observers.with_bar(
+        train_step, batches, generator=True
+    )
     best = dict.fromkeys(variants, float("inf"))
     for run in variants.values():  # warm-up: compilation, first-time setup
         at[0] = 0

@@ -95,15 +95,16 @@ def observed(step, name: str, batches: list):
     return run
 
 
-def with_bar(step, batches: list):
+def with_bar(step, batches: list, generator: bool = False):
     """A run of `step` in `ciclo.train_loop` with a `keras_bar` (its output
-    discarded)."""
+    discarded); `generator`: the batches come from a generator (as in
+    `vs_raw.py`), so each is copied before the next is read."""
 
     def run() -> None:
         with contextlib.redirect_stdout(io.StringIO()):
             _, history, _ = ciclo.train_loop(
                 None,
-                batches,
+                (b for b in batches) if generator else batches,
                 {ciclo.on_train_step: step},
                 callbacks=[ciclo.keras_bar(total=len(batches))],
             )

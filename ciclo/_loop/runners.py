@@ -37,20 +37,18 @@ def runner(
     """Turns a callback into `run(loop_state)`, deciding once how to call it (its
     hooks read from `table`); a compiled step's batches are shown to `watch` first
     (`ciclo._shapes`)."""
-    run = _runner(callback, where, table)
-    if watch is None or not compiles_per_shape(callback):
-        return run
-    name = describe(callback)
-
-    def watched(ls: LoopState) -> None:
-        watch(ls.batch, name)
-        run(ls)
-
-    watched.where = run.where
-    return watched
+    if watch is not None and compiles_per_shape(callback):
+        return _runner(callback, where, table, watch, describe(callback))
+    return _runner(callback, where, table)
 
 
-def _runner(callback: Any, where: str, table: HookTable) -> Runner:
+def _runner(
+    callback: Any,
+    where: str,
+    table: HookTable,
+    watch: ShapeWatch | None = None,
+    shown_as: str = "",
+) -> Runner:
     name = uncalled(callback)
     if name is not None:
         kind = "class" if isinstance(callback, type) else "factory"
@@ -62,7 +60,16 @@ def _runner(callback: Any, where: str, table: HookTable) -> Runner:
     loop_callback = table.of(callback).call
     if loop_callback is not None:
         # an output of None (an observer's: writers, bars) has nothing to apply
-        run = lambda ls: (out := loop_callback(ls)) is None or apply(out, ls)
+        if watch is None:
+            run = lambda ls: (out := loop_callback(ls)) is None or apply(out, ls)
+        else:  # a compiled step's batch shapes are watched first (one call less)
+
+            def run(ls: LoopState) -> None:
+                watch(ls.batch, shown_as)
+                out = loop_callback(ls)
+                if out is not None:
+                    apply(out, ls)
+
         run.where = f"{where} ({describe(callback)})"
         return run
     if not callable(callback):
@@ -87,6 +94,13 @@ def _runner(callback: Any, where: str, table: HookTable) -> Runner:
         run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed), ls)
     else:
         run = lambda ls: apply(callback(ls.state, ls.batch, ls.elapsed, ls), ls)
+    if watch is not None:  # its batch shapes watched first
+        called = run
+
+        def run(ls: LoopState) -> None:
+            watch(ls.batch, shown_as)
+            called(ls)
+
     run.where = f"{where} ({describe(callback)})"
     return run
 

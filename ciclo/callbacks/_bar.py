@@ -136,8 +136,16 @@ class ProgressBar(LoopElement):
         self._values.follow(loop_state.history, loop_state.logs)
         if self._epoch_ended or self._summaries or self._epoch_from is None:
             self._epoch(loop_state.logs, loop_state.elapsed, loop_state.elapsed_after)
-        if not self._finished and self._due(loop_state.elapsed):
-            self._update(loop_state.elapsed_after)
+        if self._finished:
+            return
+        # the cheap per-step test: no redraw is due and the total is not reached
+        if _time.monotonic() - self._last_draw < self._every and not self._epoch_ended:
+            total = self.total
+            if total is None or (
+                self._steps_only and loop_state.elapsed.steps + 1 < total.steps
+            ):
+                return
+        self._update(loop_state.elapsed_after)
 
     def __loop_end__(self, loop_state: LoopState) -> None:
         """Shows the final values and closes the bar (normal end, Ctrl-C, error)."""
@@ -232,17 +240,6 @@ class ProgressBar(LoopElement):
         return end is not None and self._summary_at == end
 
     # -- internals ----------------------------------------------------------------
-    def _due(self, before: Elapsed) -> bool:
-        """Cheap per-step test: a redraw is due, or the total may be reached."""
-        if _time.monotonic() - self._last_draw >= self._every or self._epoch_ended:
-            return True
-        total = self.total
-        if total is None:
-            return False
-        if self._steps_only:
-            return before.steps + 1 >= total.steps
-        return True
-
     def _start(self, current: float) -> None:
         """A new run: decides the output mode and starts measuring the rate."""
         self._open, self.closed = True, False

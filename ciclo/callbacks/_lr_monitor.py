@@ -35,22 +35,22 @@ class _Rates:
     The block holding a step is computed (once, compiled) and copied to the host
     the first time a step of it is asked for; the next block is started then, so
     that it is on the host, without waiting, when the steps reach it. A step then
-    costs a numpy lookup. A schedule that cannot be traced (Python control flow on
+    costs a dict lookup. A schedule that cannot be traced (Python control flow on
     the step) is called op by op, as before."""
 
     def __init__(self, schedule: Callable[[Any], Any]):
         self.schedule = schedule
         self._traced = True
-        self._first = -1  # the first step of `_values`
-        self._values: list[Any] | None = None  # Python numbers
+        # the current block's values (Python numbers) by step: `lookup(step)`, a
+        # dict's `get` (None for a step outside the block)
+        self.lookup: Callable[[int], Any] = {}.get
         # (first step, its block on its way to the host)
         self._next: tuple[int, transfer.Transfer] | None = None
 
     def __call__(self, step: int) -> Any:
-        index = step - self._first
-        values = self._values
-        if values is not None and 0 <= index < _BLOCK:
-            return values[index]
+        value = self.lookup(step)
+        if value is not None:
+            return value
         if not self._traced:
             return self.schedule(step)
         first = step - step % _BLOCK
@@ -60,12 +60,12 @@ class _Rates:
             (host,) = started.result()[0]  # computed ahead: copied, not waited for
             if host is None:
                 raise ValueError("the schedule's values could not be read")
-            self._values = values = np.asarray(host).tolist()
+            values = np.asarray(host).tolist()
             self._next = (first + _BLOCK, self._start(first + _BLOCK))
         except Exception:  # not traceable: op by op from now on
-            self._traced, self._values, self._next = False, None, None
+            self._traced, self._next, self.lookup = False, None, {}.get
             return self.schedule(step)
-        self._first = first
+        self.lookup = dict(zip(range(first, first + _BLOCK), values)).get
         return values[step - first]
 
     def _start(self, first: int) -> transfer.Transfer:
@@ -197,5 +197,8 @@ class lr_monitor(LoopElement):
         if rates is None:  # the optimizer state's value
             value = self.learning_rate(loop_state.state)
         else:  # the schedule's value: a lookup in its block
-            value = rates(int(loop_state.elapsed.steps))
+            step = loop_state.elapsed.steps
+            value = rates.lookup(step)
+            if value is None:  # the first step of a block
+                value = rates(int(step))
         log_entry(loop_state, METRICS, self.name, value)
