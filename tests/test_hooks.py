@@ -183,3 +183,16 @@ def test_a_resuming_checkpoint_restores_before_the_first_loop_only(tmp_path):
         1000, lambda start: range(start, 7), tasks, elapsed=elapsed
     )
     assert (state, elapsed.steps) == (1000 + 5 + 6, 7)  # not restored again
+
+
+def test_a_subclass_overriding_an_observers_loop_call_has_its_output_applied():
+    # ciclo's observers (lr_monitor, writers, bars) are called without looking
+    # at an output; a subclass that overrides the call returns one, and it counts
+    class Logged(ciclo.lr_monitor):
+        def __loop_callback__(self, loop_state):
+            return ciclo.logs().add_metric("seen", loop_state.elapsed.steps), None
+
+    _, history, _ = ciclo.loop(
+        None, range(3), {ciclo.every(1): Logged(schedule=lambda step: 0.1)}
+    )
+    assert history.collect("seen") == [0, 1, 2]

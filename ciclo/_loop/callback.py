@@ -27,6 +27,7 @@ __all__ = [
     "arity",
     "describe",
     "inject",
+    "observer",
     "registered",
     "split_output",
     "uncalled",
@@ -66,6 +67,25 @@ def uncalled(callback: Any) -> str | None:
         return None
     name = callback.__name__
     return f"ciclo.{name}" if getattr(ciclo, name, None) is callback else name
+
+
+def observer(method: Callable[..., None]) -> Callable[..., None]:
+    """Marks a `__loop_callback__` that always returns None (an observer's:
+    writers, bars, `lr_monitor`): the loop calls it as the runner itself, with no
+    output to look at. A subclass that overrides the method is not marked.
+
+    Example:
+        >>> from ciclo._loop.callback import observer
+        >>> class Counter:
+        ...     calls = 0
+        ...     @observer
+        ...     def __loop_callback__(self, loop_state):
+        ...         self.calls += 1
+        >>> Counter.__loop_callback__.observes_only
+        True
+    """
+    method.observes_only = True  # type: ignore[attr-defined]
+    return method
 
 
 def registered(

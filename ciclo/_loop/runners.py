@@ -5,6 +5,7 @@ validated into a plan, and the end hooks (of the loop's `HookTable`) run.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -60,7 +61,11 @@ def _runner(
     loop_callback = table.of(callback).call
     if loop_callback is not None:
         # an output of None (an observer's: writers, bars) has nothing to apply
-        if watch is None:
+        if watch is None and getattr(loop_callback, "observes_only", False) is True:
+            # a call that always returns None (`callback.observer`: writers, bars)
+            # is the runner itself (a partial: it can be named, adds no frame)
+            run = functools.partial(loop_callback)
+        elif watch is None:
             run = lambda ls: (out := loop_callback(ls)) is None or apply(out, ls)
         else:  # a compiled step's batch shapes are watched first (one call less)
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ciclo._input.batch import batch_size
 from ciclo._logs import SHOWN_COLLECTIONS
+from ciclo._loop.callback import observer
 from ciclo._period import Period
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
@@ -131,6 +132,7 @@ class ProgressBar(LoopElement):
         self._epoch(logs, elapsed, after)
         self._update(after)
 
+    @observer
     def __loop_callback__(self, loop_state: LoopState) -> None:
         # None: no logs, no state (the loop applies nothing)
         self._values.follow(loop_state.history, loop_state.logs)

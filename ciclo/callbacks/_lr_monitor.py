@@ -12,6 +12,7 @@ import numpy as np
 
 from ciclo._history import transfer
 from ciclo._logs import METRICS, Logs, _new_logs
+from ciclo._loop.callback import observer
 from ciclo._loop.state import log_entry
 from ciclo.callbacks._base import LoopElement
 
@@ -191,6 +192,7 @@ class lr_monitor(LoopElement):
         """The logs `{"metrics": {name: learning rate}}` for `state`."""
         return _new_logs(Logs).add_metric(self.name, self.learning_rate(state, elapsed))
 
+    @observer
     def __loop_callback__(self, loop_state: LoopState) -> None:
         # the value joins the batch's logs in place (no Logs of its own to merge)
         rates = self._rates

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ciclo._loop.callback import observer
+
 if TYPE_CHECKING:
     from ciclo._loop.state import LoopState
 
@@ -29,6 +31,7 @@ class NoOp:
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         return None
 
+    @observer
     def __loop_callback__(self, loop_state: LoopState) -> None:
         return None
 

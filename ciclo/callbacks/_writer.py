@@ -59,6 +59,7 @@ from ciclo._history.history import History
 from ciclo._history.transfer import get
 from ciclo._interrupts import DEFERRED
 from ciclo._logs import SHOWN_COLLECTIONS
+from ciclo._loop.callback import observer
 from ciclo._loop.state import LoopState, interrupted
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
@@ -184,6 +185,7 @@ class Writer(LoopElement):
             self._seen = own.on_host
             self._write_marks(self._seen)
 
+    @observer
     def __loop_callback__(self, loop_state: LoopState) -> None:
         # returns None (no logs, no state): the loop's cheapest output to apply
         history = loop_state.history
