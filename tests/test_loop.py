@@ -400,6 +400,39 @@ def test_a_callback_logs_object_is_never_changed_by_the_loop():
     ]
 
 
+def test_a_jitted_steps_logs_take_later_entries_row_by_row():
+    # a jitted step's Logs is rebuilt at every call, so the loop may add the
+    # entries of later callbacks to it: each row still holds that step's entries
+    # only, the newest value of an entry logged twice winning
+    @jax.jit
+    def step(state, batch):
+        return ciclo.logs().add_loss("loss", batch * 1.0), state + 1
+
+    def odd(state, batch, elapsed):
+        if elapsed.steps % 2:
+            return (
+                ciclo.logs()
+                .add_metric("odd", float(elapsed.steps))
+                .add_loss("loss", -1.0)
+            )
+
+    lr = ciclo.lr_monitor(schedule=lambda count: 0.5 / (1 + count))
+    tasks = {ciclo.every(1): [step, lr, odd]}
+    state, history, _ = ciclo.loop(jnp.int32(0), jnp.arange(4), tasks)
+    assert int(state) == 4
+    assert history.collect("loss") == [0.0, -1.0, 2.0, -1.0]
+    assert history.collect("steps", "odd") == ([1, 3], [1.0, 3.0])
+    assert history.collect("learning_rate") == pytest.approx(
+        [0.5, 0.25, 0.5 / 3, 0.125]
+    )
+    assert [sorted(row.metrics) for row in history] == [
+        ["learning_rate"],
+        ["learning_rate", "odd"],
+        ["learning_rate"],
+        ["learning_rate", "odd"],
+    ]
+
+
 def test_end_hooks_see_the_error_the_loop_ends_with():
     seen = []
 

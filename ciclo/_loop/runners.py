@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
 from ciclo._loop.callback import arity, describe, uncalled
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 Runner = Callable[[LoopState], None]
+
+_JITTED = type(jax.jit(print))  # what `jax.jit` returns (not compiled here)
 
 
 def runner(
@@ -57,7 +60,9 @@ def _runner(
             f"{where} is the {kind} {name}, not a callback: build one first; did "
             f"you mean {name}(...)?"
         )
-    apply = Apply(callback, where)
+    # a jitted function's outputs are new objects at every call: its Logs is the
+    # loop's own (`Apply.fresh`)
+    apply = Apply(callback, where, fresh=type(callback) is _JITTED)
     loop_callback = table.of(callback).call
     if loop_callback is not None:
         # an output of None (an observer's: writers, bars) has nothing to apply

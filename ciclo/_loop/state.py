@@ -334,13 +334,18 @@ def _check_pair(output: tuple, old: Any, callback: Any) -> None:
 class Apply:
     """Applies a callback's output to the loop state; checks the first state it
     returns against the state it got, and a first `(dict, other)` pair against a
-    pair state (once per callback, never per step)."""
+    pair state (once per callback, never per step).
 
-    __slots__ = ("callback", "checked", "paired", "where")
+    `fresh`: the callback returns new objects at every call (a `jax.jit`
+    function, whose output pytrees are rebuilt from its outputs), so its `Logs`
+    is the loop's alone, as a managed step's (`hand_over`): entries added later
+    join it in place."""
 
-    def __init__(self, callback: Any, where: str):
+    __slots__ = ("callback", "checked", "fresh", "paired", "where")
+
+    def __init__(self, callback: Any, where: str, fresh: bool = False):
         self.callback, self.where, self.checked = callback, where, False
-        self.paired = False
+        self.paired, self.fresh = False, fresh
 
     def __call__(self, output: Any, ls: LoopState) -> None:
         if output is None:
@@ -369,7 +374,7 @@ class Apply:
                 # the batch's first logs are taken as they are, copied only if
                 # another callback's logs are merged in (the callback's object
                 # is never changed), unless made for the loop alone
-                if logs is ls._fresh:
+                if self.fresh or logs is ls._fresh:
                     ls.logs, ls._fresh = logs, None
                 else:
                     ls.logs = ls._borrowed = logs
