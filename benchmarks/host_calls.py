@@ -24,6 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import jax
 import observers
 import vs_raw
 
@@ -62,6 +63,13 @@ def main() -> None:
     }
     variants["train_loop + keras_bar"] = observers.with_bar(
         observers.train_step, batches
+    )
+    # the same step compiled whole (the README's `@jax.jit` step): its Logs is
+    # rebuilt by jit at every call
+    jitted = jax.jit(observers.train_step)
+    variants["jitted step"] = observers.observed(jitted, "bare loop", batches)
+    variants["jitted step + lr_monitor(schedule)"] = observers.observed(
+        jitted, "lr_monitor(schedule)", batches
     )
     variants["ciclo.loop, managed step (digits)"] = lambda: vs_raw.run_loop(
         digits, steps, state

@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["Entries", "flatten_dict", "flatten_dict_fast", "unflatten_dict"]
+__all__ = ["Declared", "Entries", "flatten_dict", "flatten_dict_fast", "unflatten_dict"]
 
 
 class Entries(dict):
@@ -34,11 +34,21 @@ def flatten_dict_fast(d: dict):
     return tuple(d[k] for k in keys), keys
 
 
+class Declared(tuple):
+    """A `Logs`'s static pytree data when it declares aggregation modes:
+    `(keys, modes)` (`ciclo._logs`); otherwise its keys are a plain tuple."""
+
+    __slots__ = ()
+
+
 def unflatten_dict(cls):
     new, update = cls.__new__, dict.update
 
     def unflatten(keys, children):  # every jitted step's output: no __init__ call
         out = new(cls)
+        if type(keys) is Declared:  # a Logs that declares modes
+            keys, modes = keys
+            out._aggregations = dict(modes)
         update(out, zip(keys, children))
         return out
 

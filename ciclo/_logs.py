@@ -12,7 +12,13 @@ from typing import Any
 
 import jax
 
-from ciclo._entries import Entries, flatten_dict, flatten_dict_fast, unflatten_dict
+from ciclo._entries import (
+    Declared,
+    Entries,
+    flatten_dict,
+    flatten_dict_fast,
+    unflatten_dict,
+)
 from ciclo._locate import locate
 from ciclo._short import short
 
@@ -285,41 +291,18 @@ def logs(collections: Mapping[str, Mapping[str, Any]] | None = None) -> Logs:
 _new_logs = Logs.__new__
 
 
-class _Declared(tuple):
-    """A `Logs`'s static pytree data when it declares modes: `(keys, modes)`."""
-
-    __slots__ = ()
-
-
 def _flatten_logs(d: Logs):
     children, keys = flatten_dict(d)
     declared = d._aggregations
-    return children, keys if not declared else _Declared(
-        (keys, tuple(declared.items()))
-    )
+    return children, keys if not declared else Declared((keys, tuple(declared.items())))
 
 
 def _flatten_logs_fast(d: Logs):
     children, keys = flatten_dict_fast(d)
     declared = d._aggregations
-    return children, keys if not declared else _Declared(
-        (keys, tuple(declared.items()))
-    )
-
-
-def _unflatten_logs():
-    plain = unflatten_dict(Logs)
-
-    def unflatten(aux, children):
-        if type(aux) is not _Declared:
-            return plain(aux, children)
-        out = plain(aux[0], children)
-        out._aggregations = dict(aux[1])
-        return out
-
-    return unflatten
+    return children, keys if not declared else Declared((keys, tuple(declared.items())))
 
 
 jax.tree_util.register_pytree_with_keys(
-    Logs, _flatten_logs, _unflatten_logs(), _flatten_logs_fast
+    Logs, _flatten_logs, unflatten_dict(Logs), _flatten_logs_fast
 )
