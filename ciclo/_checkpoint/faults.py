@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from typing import Any
 
 from etils import epath
@@ -131,6 +132,9 @@ def _short(error: BaseException) -> str:
 
 _FAILED: set[str] = set()  # the folders of saves / reads that failed: said already
 _READING: list[str] = []  # the folders being read now (see `reading`)
+# orbax's metadata coroutines that a failed read leaves unstarted (its tasks
+# cancelled with their event loop) warn when collected: said once by ciclo
+_UNAWAITED = r"coroutine 'Store\._get_array_metadatas' was never awaited"
 
 
 def _about_failed(text: str) -> bool:
@@ -182,8 +186,11 @@ def reading(folder: Any):
     """While `folder` is read, asyncio's reports about it are dropped too: orbax's
     sibling tasks of a read that fails may be collected (and reported as "Task
     exception was never retrieved") before the failure reaches ciclo, which then
-    says it once (`reported`). A read that succeeds leaves no such task."""
+    says it once (`reported`); so are the "never awaited" warnings of its
+    coroutines left unstarted. A read that succeeds leaves no such task."""
     quiet_orbax_logs()
+    # (added at each read: a caller's `catch_warnings` may have dropped it since)
+    warnings.filterwarnings("ignore", _UNAWAITED, RuntimeWarning)
     _READING.append(str(folder))
     try:
         yield
