@@ -41,18 +41,6 @@ def runner(
     """Turns a callback into `run(loop_state)`, deciding once how to call it (its
     hooks read from `table`); a compiled step's batches are shown to `watch` first
     (`ciclo._shapes`)."""
-    if watch is not None and compiles_per_shape(callback):
-        return _runner(callback, where, table, watch, describe(callback))
-    return _runner(callback, where, table)
-
-
-def _runner(
-    callback: Any,
-    where: str,
-    table: HookTable,
-    watch: ShapeWatch | None = None,
-    shown_as: str = "",
-) -> Runner:
     name = uncalled(callback)
     if name is not None:
         kind = "class" if isinstance(callback, type) else "factory"
@@ -60,6 +48,9 @@ def _runner(
             f"{where} is the {kind} {name}, not a callback: build one first; did "
             f"you mean {name}(...)?"
         )
+    shown_as = describe(callback)
+    if watch is not None and not compiles_per_shape(callback):
+        watch = None  # only a compiled step's batch shapes are watched
     # a jitted function's outputs are new objects at every call: its Logs is the
     # loop's own (`Apply.fresh`)
     apply = Apply(callback, where, fresh=type(callback) is _JITTED)
@@ -80,7 +71,7 @@ def _runner(
                 if out is not None:
                     apply(out, ls)
 
-        run.where = f"{where} ({describe(callback)})"
+        run.where = f"{where} ({shown_as})"
         return run
     if not callable(callback):
         raise TypeError(
@@ -111,7 +102,7 @@ def _runner(
             watch(ls.batch, shown_as)
             called(ls)
 
-    run.where = f"{where} ({describe(callback)})"
+    run.where = f"{where} ({shown_as})"
     return run
 
 
