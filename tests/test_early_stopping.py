@@ -94,6 +94,27 @@ def test_baseline_patience_counts_from_the_loop_start():
     assert es.best == 3.5 and es.best_elapsed.steps == 0
 
 
+def test_baseline_patience_counts_from_the_loop_start_in_ciclo_loop():
+    # as a task of ciclo.loop (no train_loop hooks): the value never beats the
+    # baseline, so a patience of 4 steps from the loop start ends after batch 4
+    # (Keras: 4 epochs without improvement), not 4 steps after the first check
+    def step(state, batch):
+        return ciclo.logs().add_metric("val", 5.0), state + 1
+
+    es = ciclo.early_stopping("val", 4, baseline=1.0)
+    state, _, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): [step, es]})
+    assert elapsed.steps == 4 and state == 4
+    assert es.best_elapsed.steps == 0 and es.stopped_elapsed.steps == 4
+
+    # resumed from step 10 (`elapsed=`): counted from where that loop starts
+    es = ciclo.early_stopping("val", 4, baseline=1.0)
+    _, _, elapsed = ciclo.loop(
+        0, range(10), {ciclo.every(1): [step, es]},
+        elapsed=ciclo.Elapsed.create(steps=10),
+    )  # fmt: skip
+    assert elapsed.steps == 14
+
+
 def test_explicit_task_and_missing_metric_error():
     es = ciclo.early_stopping("metrics.loss_test", patience=0)
     _, _, elapsed = ciclo.train_loop(

@@ -292,6 +292,50 @@ def test_nan_guard_watches_grad_norm_and_only_what_is_asked():
     assert elapsed.steps == 6 and guard.found is None
 
 
+def test_nan_guard_watching_a_name_never_logged_is_an_error_naming_it():
+    def step(state, batch):
+        return ciclo.logs().add_loss("loss", 1.0).add_metric("mae", 2.0), state + 1
+
+    # a typo: nothing would be guarded; said when the run ends, with what was logged
+    with pytest.raises(ValueError, match=r"'acc' was never logged") as info:
+        ciclo.loop(0, data(4), {ciclo.every(1): [step, ciclo.nan_guard(["acc"])]})
+    assert "losses.loss" in str(info.value) and "metrics.mae" in str(info.value)
+    # an entry logged only at some steps (a test metric at epoch ends) is fine
+    _, history, _ = ciclo.train_loop(
+        0,
+        data(4),
+        {ciclo.on_train_step: step, ciclo.on_test_step: step},
+        callbacks=[ciclo.nan_guard(["losses.loss", "mae_test"])],
+        test_dataset=lambda: data(1),
+        epoch_duration=2,
+    )
+    assert history.collect("mae_test") == [2.0, 2.0]
+
+    # a run cut short (Ctrl-C before the entry appeared) is not blamed for it
+    def cut(state):
+        if state == 2:
+            raise KeyboardInterrupt
+        return state
+
+    _, _, elapsed = ciclo.loop(
+        0,
+        data(6),
+        {ciclo.every(1): [step, cut], ciclo.every(3): [ciclo.nan_guard("x")]},
+    )
+    assert elapsed.steps == 2
+    # by hand: `close()` says it
+    guard = ciclo.nan_guard("acc")
+    guard(ciclo.Elapsed.create(), ciclo.logs().add_loss("loss", 1.0))
+    with pytest.raises(ValueError, match="'acc' was never logged"):
+        guard.close()
+
+
+def test_nan_guard_watch_must_be_names():
+    for bad in (5, [1], [""], {"loss": 1}):
+        with pytest.raises(TypeError, match="`watch` must be an entry name"):
+            ciclo.nan_guard(bad)
+
+
 def test_nan_guard_by_hand():
     guard = ciclo.nan_guard()
     assert guard(ciclo.Elapsed.create(), ciclo.logs().add_loss("loss", 1.0)) is False

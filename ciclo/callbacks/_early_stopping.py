@@ -146,6 +146,14 @@ class EarlyStopping:
         size = 0 if batch is None else batch_size(batch)
         return self.update(elapsed.update(size), state, value)
 
+    def __loop_start__(self, elapsed: Elapsed | None) -> None:
+        """Before a loop's first batch: patience counts from where the loop starts
+        while nothing has been checked yet (a `baseline` never beaten stops after
+        `patience` from the start, as Keras does); one already counting (a loop
+        run in chunks with `elapsed=`) goes on."""
+        if self.best_elapsed is None:
+            self.best_elapsed = Elapsed.create() if elapsed is None else elapsed
+
     def __loop_callback__(self, loop_state: LoopState) -> tuple[None, Any]:
         stop, state = self._check(loop_state)
         return None, state if stop else None

@@ -13,6 +13,7 @@ import numpy as np
 from ciclo._history.history import History
 from ciclo._locate import locate
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS
+from ciclo._loop.state import interrupted
 from ciclo._warn import warn
 from ciclo.callbacks._base import LoopElement
 
@@ -110,7 +111,9 @@ class nan_guard(LoopElement):
         keep_good_state: keep the last good state and hand it back.
 
     Raises:
-        ValueError: for an unknown `action` or a negative `max_lag`.
+        ValueError: for an unknown `action` or a negative `max_lag`; when a loop
+            that ran to its end (or `close()`) never logged a name in `watch`.
+        TypeError: for a `watch` that is not a name or a list of names.
 
     Example:
         >>> import warnings, ciclo
@@ -146,8 +149,14 @@ class nan_guard(LoopElement):
             )
         if isinstance(watch, str):
             watch = [watch]
-        if watch is not None and not all(isinstance(w, str) and w for w in watch):
-            raise TypeError(f"nan_guard: `watch` must be entry names, got {watch!r}.")
+        if watch is not None and (
+            not isinstance(watch, list | tuple)
+            or not all(isinstance(w, str) and w for w in watch)
+        ):
+            raise TypeError(
+                f"nan_guard: `watch` must be an entry name or a list of them (e.g. "
+                f'"loss" or ["loss", "metrics.grad_norm"]), got {watch!r}.'
+            )
         self.watch = None if watch is None else tuple(watch)
         self.action = action
         self.max_lag = max_lag
@@ -366,7 +375,15 @@ class nan_guard(LoopElement):
         return None  # nothing to apply: the common step
 
     def close(self) -> None:
-        """Checks every unchecked row (waiting for the device); raises or warns."""
+        """Checks every unchecked row (waiting for the device); raises or warns.
+
+        Raises:
+            ValueError: when a name in `watch` was never logged (nothing was
+                guarded: a typo), naming it and the logged entries.
+        """
+        self._close(check_watched=True)
+
+    def _close(self, check_watched: bool) -> None:
         history = self._history
         try:
             if history is not None:
@@ -378,10 +395,35 @@ class nan_guard(LoopElement):
             self._history = self._own = None
             self._states.clear()
         self._react()
+        if check_watched and history is not None:
+            self._check_watched(history)
+
+    def _check_watched(self, history: History) -> None:
+        """A name in `watch` that no row of `history` holds guarded nothing: an
+        error naming it (a typo must not silently switch the guard off)."""
+        if self.watch is None or len(history) == 0:
+            return
+        logged = list(history._columns)
+        missing = [
+            key for key in self.watch if locate(logged, key, "nan_guard") is None
+        ]
+        if missing:
+            names = ", ".join(f"{key!r}" for key in missing)
+            raise ValueError(
+                f"nan_guard: the watched {'entry' if len(missing) == 1 else 'entries'}"
+                f" {names} {'was' if len(missing) == 1 else 'were'} never logged in "
+                f"this run, so nothing guarded {'it' if len(missing) == 1 else 'them'}"
+                f". Logged: {', '.join(f'{c}.{n}' for c, n in logged) or 'nothing'}. "
+                f'Name an entry in `watch` (bare, "loss", or "collection.name").'
+            )
 
     def __loop_end__(self, loop_state: Any) -> None:
-        """Checks what is still unchecked when the loop ends."""
-        self.close()
+        """Checks what is still unchecked when the loop ends; a watched name
+        never logged in a run that ended normally is an error (`close`)."""
+        ended = getattr(loop_state, "error", None) is None and not interrupted(
+            loop_state
+        )
+        self._close(check_watched=ended)
 
     def reset(self) -> None:
         """Forgets a found value and the good state (to guard a new run)."""
