@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-__all__ = ["warn"]
+__all__ = ["user_line", "warn"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _CONTEXTLIB = os.path.abspath(contextlib.__file__)  # `with` blocks inside ciclo
@@ -41,3 +41,20 @@ def warn(message: str | Warning, category: type[Warning] = UserWarning) -> None:
     if frame is None:  # called from ciclo alone (a thread of its own): its line
         level = 2
     warnings.warn(message, category, stacklevel=level)
+
+
+def user_line() -> str:
+    """`"file:line"` of the first caller outside ciclo (where the user made an
+    object, named in an error about two of them).
+
+    Example:
+        >>> from ciclo._warn import user_line
+        >>> "_warn.py" in user_line()  # ciclo's own frames are skipped
+        False
+    """
+    frame = sys._getframe(1)
+    while frame is not None and _inside(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"

@@ -253,6 +253,35 @@ def test_two_tensorboard_writers_on_one_logdir_is_an_error_naming_both(tmp_path)
 
 
 @pytest.mark.parametrize("name", ["csv_logger", "jsonl_logger"])
+def test_two_file_writers_on_one_path_is_an_error_naming_both(tmp_path, name):
+    # each starts its file afresh: the second would hide the first's rows
+    make = getattr(ciclo, name)
+    first, second = make(tmp_path / "log"), make(tmp_path / "sub" / ".." / "log")
+    tasks = {ciclo.every(1): step, ciclo.every(2): first, ciclo.every(3): second}
+    with pytest.raises(ValueError, match="Two writers on one file") as error:
+        ciclo.loop(None, range(6), tasks)
+    assert str(error.value).count("test_writer_steps.py:") == 2  # where each was made
+    assert f"ciclo.{name}(" in str(error.value)
+    # one after the other is fine (the first closed at its loop's end)
+    ciclo.loop(None, range(6), {ciclo.every(1): step, ciclo.every(2): first})
+    ciclo.loop(None, range(6), {ciclo.every(1): step, ciclo.every(3): second})
+    # by hand: refused while the first is open, fine after its close()
+    first(ciclo.Elapsed.create(), step(None, 1)[0])
+    with pytest.raises(ValueError, match="Two writers on one file"):
+        second(ciclo.Elapsed.create(), step(None, 1)[0])
+    first.close()
+    second(ciclo.Elapsed.create(steps=1), step(None, 2)[0])
+    second.close()
+    # different files, or a csv and a jsonl beside each other, in one loop
+    _, history, _ = ciclo.loop(
+        None,
+        range(4),
+        {ciclo.every(1): [step, make(tmp_path / "a"), make(tmp_path / "b")]},
+    )
+    assert len(history) == 4
+
+
+@pytest.mark.parametrize("name", ["csv_logger", "jsonl_logger"])
 def test_rows_reach_the_file_in_batches_not_per_step(tmp_path, name):
     path = tmp_path / "log"
     on_disk = []

@@ -91,8 +91,12 @@ class _FileWriter(Writer):
         self._append = bool(append)
         self._file: TextIO | None = None
 
+    def _target(self) -> str:
+        return self.path
+
     def _open(self, rows: list[Row]) -> TextIO:
         if self._file is None:
+            self._claim()
             directory = os.path.dirname(self.path)
             if directory:
                 os.makedirs(directory, exist_ok=True)

@@ -6,26 +6,17 @@ import itertools
 import math
 import os
 import struct
-import sys
 import time
-import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo.callbacks._rows import Row, Tags
 from ciclo.callbacks._writer import Writer, missing
 
-if TYPE_CHECKING:
-    from ciclo._time import Elapsed
-
 __all__ = ["tensorboard"]
 
 _FILES = itertools.count()  # event files of this process: distinct names
-# logdir -> the writer writing there now (from its loop's start or first write to
-# its close): a second one would hide the first's points (each file starts with a
-# restart marker)
-_WRITING: weakref.WeakValueDictionary[str, tensorboard] = weakref.WeakValueDictionary()
 
 
 class tensorboard(Writer):
@@ -134,45 +125,24 @@ class tensorboard(Writer):
         self._prefixes: dict[str, tuple[str, bytes]] = {}
         # a record's length -> its header (the length and the length's CRC)
         self._headers: dict[int, bytes] = {}
-        caller = sys._getframe(1)
-        self._made = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         self._suffix = str(writer_kwargs.pop("filename_suffix", "") or "")
         self._kwargs = writer_kwargs
         self._tags = Tags(prefix, "tensorboard")
         self._events: Any = None
         self._last: dict[str, float] = {}
 
-    def __repr__(self) -> str:
-        return f"ciclo.tensorboard({self.logdir!r}) made at {self._made}"
+    def _target(self) -> str:
+        return self.logdir
 
-    def _claim(self) -> None:
-        """Registers this writer as the one writing to its logdir; an error naming
-        both if another one is."""
-        key = os.path.realpath(self.logdir)
-        other = _WRITING.get(key)
-        if other is not None and other is not self:
-            raise ValueError(
-                f"Two TensorBoard writers on one logdir: {self!r} and {other!r}, "
-                f"which is still writing there. Each event file starts with a "
-                f"restart marker, so TensorBoard would hide one writer's points. "
-                f"Use one writer per logdir (e.g. {self.logdir}/train and "
-                f"{self.logdir}/eval), one writer with `prefix=`, or close() the "
-                f"first before the second starts."
-            )
-        _WRITING[key] = self
-
-    def _release(self) -> None:
-        key = os.path.realpath(self.logdir)
-        if _WRITING.get(key) is self:
-            del _WRITING[key]
-
-    def __loop_start__(self, elapsed: Elapsed | None) -> None:
-        super().__loop_start__(elapsed)
-        self._claim()
-
-    def __call__(self, elapsed: Any, logs: Any = None) -> None:
-        self._claim()  # by hand: from the first call to `close()`
-        super().__call__(elapsed, logs)
+    def _clash(self, other: Writer) -> str:
+        return (
+            f"Two TensorBoard writers on one logdir: {self!r} and {other!r}, "
+            f"which is still writing there. Each event file starts with a "
+            f"restart marker, so TensorBoard would hide one writer's points. "
+            f"Use one writer per logdir (e.g. {self.logdir}/train and "
+            f"{self.logdir}/eval), one writer with `prefix=`, or close() the "
+            f"first before the second starts."
+        )
 
     def _write(self, rows: list[Row]) -> None:
         if not rows:
@@ -270,7 +240,6 @@ class tensorboard(Writer):
 
     def _close(self) -> None:
         events, self._events = self._events, None
-        self._release()
         if events is None:
             return
         try:

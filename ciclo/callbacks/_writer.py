@@ -43,6 +43,11 @@ steps. A loop that raises leaves them plus the failing step's row as the writer
 saw it (e.g. the NaN loss that `nan_guard` stopped on), which the history does not
 commit.
 
+One writer per output at a time: a writer claims its output (a file, a logdir:
+`_target`) from its loop's start (by hand, its first call) to its `close()`; a
+second writer on the same output meanwhile is an error naming both, since each
+starts its output afresh and would hide the other's rows.
+
 Ctrl-C arriving while a writer updates its rows in a loop is deferred to the end
 of that writer's call (the loop's interrupt scope, `ciclo._interrupts`), so a row
 is never lost or written twice by an interrupt landing mid-write.
@@ -51,6 +56,8 @@ is never lost or written twice by an interrupt landing mid-write.
 from __future__ import annotations
 
 import contextlib
+import os
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -62,10 +69,16 @@ from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo._loop.callback import observer
 from ciclo._loop.state import LoopState, interrupted
 from ciclo._time import Elapsed
+from ciclo._warn import user_line
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._rows import Row, host_scalar, numeric
 
 __all__ = ["Writer", "missing"]
+
+
+# an output (its real path) -> the writer writing there now (from its loop's start
+# or first call by hand to its close)
+_WRITING: weakref.WeakValueDictionary[str, Writer] = weakref.WeakValueDictionary()
 
 
 def missing(owner: str, module: str, extra: str) -> ImportError:
@@ -123,6 +136,49 @@ class Writer(LoopElement):
         self._start: int | None = None  # the step the first loop starts from
         self._opened = False  # wrote before: later loops continue the output
         self.rows_written = 0
+        self._made = user_line()  # where the user made it (named in a clash)
+        self._key: str | None = None  # its output's real path, once claimed
+
+    # -- one writer per output ----------------------------------------------------
+    def _target(self) -> str | None:
+        """The path of the output this writer starts afresh (None: nothing
+        another writer could hide)."""
+        return None
+
+    def _clash(self, other: Writer) -> str:
+        """The error's text when `other` writes to this writer's output."""
+        return (
+            f"Two writers on one file: {self!r} and {other!r}, which is still "
+            f"writing there. Each starts the file afresh (or appends rows under its "
+            f"own header), so one writer's rows would hide the other's. Give each "
+            f"its own path, or close() the first before the second starts."
+        )
+
+    def _claim(self) -> None:
+        """Registers this writer as the one writing to its output; an error
+        naming both if another one is (until that one's `close()`)."""
+        key = self._key
+        if key is None:
+            target = self._target()
+            if target is None:
+                return
+            key = self._key = os.path.realpath(target)
+        other = _WRITING.get(key)
+        if other is self:
+            return
+        if other is not None:
+            raise ValueError(self._clash(other))
+        _WRITING[key] = self
+
+    def _release(self) -> None:
+        key = self._key
+        if key is not None and _WRITING.get(key) is self:
+            del _WRITING[key]
+
+    def __repr__(self) -> str:
+        target = self._target()
+        shown = "" if target is None else repr(target)
+        return f"ciclo.{type(self).__name__}({shown}) made at {self._made}"
 
     # -- resuming -----------------------------------------------------------------
     def __loop_start__(self, elapsed: Elapsed | None) -> None:
@@ -131,6 +187,7 @@ class Writer(LoopElement):
         earlier run wrote below it and drops those from it on."""
         if not self._opened:
             self._start = 0 if elapsed is None else int(elapsed.steps)
+        self._claim()
 
     def _resume_point(self, rows: list[Row]) -> int:
         """The step from which an earlier run's rows are replaced, at the first
@@ -176,6 +233,7 @@ class Writer(LoopElement):
         the rest and close."""
         own = self._own
         if own is None:
+            self._claim()  # by hand: from the first call to `close()`
             own = self._own = History(lag=self.every)
         if self._history is not own:
             self._follow(own)
@@ -235,7 +293,10 @@ class Writer(LoopElement):
             self._marks.clear()
             self._own = self._history = None
             self._seen = 0
-            self._close()
+            try:
+                self._close()
+            finally:
+                self._release()
 
     # -- reading the history ---------------------------------------------------------
     def _follow(self, history: History) -> None:
