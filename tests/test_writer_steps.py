@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 import types
 
@@ -218,6 +219,65 @@ def test_a_writer_on_a_schedule_writes_exactly_the_steps_it_fired_at(tmp_path):
         (5, 4.0),
         (9, 8.0),
     ]
+
+
+@pytest.mark.parametrize("cut_at", [6, 8])
+def test_a_writer_on_a_schedule_and_a_batch_ctrl_c_cut_before_it(tmp_path, cut_at):
+    # Ctrl-C in a task before the writer's: the batch counts (the step ran), and
+    # the writer writes its row only if its schedule fires there (every(4): step
+    # 8 yes, step 6 no), as it would have had the batch run whole
+    pytest.importorskip("tensorboardX", reason="needs ciclo[tensorboard]")
+    pytest.importorskip("tensorboard", reason="reading events needs tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+    )
+
+    def cut(state, batch, elapsed):
+        if elapsed.steps == cut_at:
+            raise KeyboardInterrupt
+        return state
+
+    def count(state):
+        return state + 1
+
+    j, tb = ciclo.jsonl_logger(tmp_path / "log.jsonl"), ciclo.tensorboard(tmp_path)
+    lr = ciclo.lr_monitor(lambda step: 0.5 * step)
+    state, history, elapsed = ciclo.loop(
+        0,
+        range(10),
+        {ciclo.every(1): [step, count, cut], ciclo.every(4): [lr, j, tb]},
+    )
+    assert elapsed.steps == cut_at + 1 == state  # the cut batch counted
+    assert history.collect("steps") == list(range(cut_at + 1))
+    fired = [s for s in range(cut_at + 1) if s % 4 == 0]
+    assert [r["steps"] for r in read_jsonl(tmp_path / "log.jsonl")] == fired
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [s + 1 for s in fired]
+    # lr_monitor, an observer on the same schedule, ran on the cut batch too
+    assert history.collect("steps", "learning_rate")[0] == fired
+
+
+@pytest.mark.parametrize("writer_first", [False, True])
+def test_a_nan_guard_error_leaves_the_bad_row_in_the_writers_log(
+    tmp_path, writer_first
+):
+    # the failing step's row as the writer sees it, whichever of the two runs
+    # first in that batch (the history does not commit it)
+    def nan_at_5(state, batch):
+        loss = jnp.float32(np.nan if batch == 5 else batch)
+        return ciclo.logs().add_loss("loss", loss), state
+
+    guard = ciclo.nan_guard(max_lag=0)
+    writer = ciclo.jsonl_logger(tmp_path / "log.jsonl")
+    callbacks = [writer, guard] if writer_first else [guard, writer]
+    with pytest.raises(FloatingPointError, match="at step 5"):
+        ciclo.train_loop(
+            None, range(10), {ciclo.on_train_step: nan_at_5}, callbacks=callbacks
+        )
+    rows = read_jsonl(tmp_path / "log.jsonl")
+    assert [r["steps"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert math.isnan(rows[-1]["loss"])
 
 
 def test_two_tensorboard_writers_on_one_logdir_is_an_error_naming_both(tmp_path):

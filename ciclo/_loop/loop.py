@@ -257,6 +257,8 @@ def _run(
         if run.in_batch:
             kept += " (that step's logs are not committed)"
         error.add_note(f"ciclo.loop: raised {at}; {kept}.")
+        if run.in_batch and run.finishing is None:  # writers see the failing row
+            run.finish_observers()
         ls.error = error
         _unfinished(run, error)
         finish(end_hooks, ls)

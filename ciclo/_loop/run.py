@@ -163,6 +163,41 @@ class Run:
                 self.finishing()
         self.finishing = None
 
+    def finish_observers(self) -> None:
+        """After Ctrl-C or an error cut the batch: the observers (writers, bars,
+        `lr_monitor`: `callback.observer`) its schedules would have called after
+        the cut run on it, as in a whole batch, so that a writer holds the cut
+        step's row exactly when its schedule fires there (`every(4)`: step 8,
+        not step 6) and sees a failing step's logs (the NaN `nan_guard` stopped
+        on). Only observers: nothing else runs after the cut. Their own errors
+        (and a second Ctrl-C) end this, the cut's error stands."""
+        ls, plan, running = self.ls, self.plan, self.running
+        if self.done or ls.stop_iteration:
+            return
+        for i, (_, _, runners) in enumerate(plan):
+            if running in runners:
+                start, first = i, runners.index(running) + 1
+                break
+        else:  # the cut came in a schedule, or before the first runner
+            return
+        current = ls.elapsed
+        try:
+            for i in range(start, len(plan)):
+                schedule, reads_loop_state, runners = plan[i]
+                if i == start:
+                    runners = runners[first:]  # the cut's group: it fired
+                elif schedule is not None:
+                    due = schedule(ls if reads_loop_state else current)
+                    if due is not True and due is not False:
+                        due = fired(due, schedule)
+                    if not due:
+                        continue
+                for run in runners:
+                    if getattr(run, "observes", False):
+                        run(ls)
+        except (Exception, KeyboardInterrupt):
+            return
+
     def unfinished(self) -> None:
         """After an error in a batch: the actions deferred to its commit run as
         they would have at their call (a checkpoint saves the step's row as it
@@ -190,6 +225,8 @@ class Run:
             return
         ls = self.ls
         counted = self.done or ls.state is not self.state
+        if counted and self.rows is None:  # its observers' part (writers, lr_monitor)
+            self.finish_observers()
         published = self.rows is not None and len(ls.history) > self.rows
         if counted and ls.logs and not published:
             ls.history.commit(self.current, ls.logs)

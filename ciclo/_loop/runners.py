@@ -61,6 +61,7 @@ def runner(
             # a call that always returns None (`callback.observer`: writers, bars)
             # is the runner itself (a partial: it can be named, adds no frame)
             run = functools.partial(loop_callback)
+            run.observes = True  # `Run.finish_observers` may call it on a cut batch
         elif watch is None:
             run = lambda ls: (out := loop_callback(ls)) is None or apply(out, ls)
         else:  # a compiled step's batch shapes are watched first (one call less)

@@ -34,14 +34,16 @@ the restored checkpoint's step S); the first write of a writer object then keeps
 what an earlier run wrote below S and drops what it wrote from S on (the steps a
 crashed run logged after its last checkpoint, which this run logs again). Used by
 hand, the first row's step stands for S. At the loop's end it also writes the rows
-committed after its last call: `on_end`'s, and the last batch's when Ctrl-C cut it
-before the writer ran on it (its schedule cannot be asked); a batch its schedule
-skipped is not written (`every(4)` over 10 batches writes steps 0, 4 and 8). A
-batch Ctrl-C cut before it counted has no history row, so no writer row: a loop
-that returns (normally or on Ctrl-C) leaves exactly the history's rows at those
-steps. A loop that raises leaves them plus the failing step's row as the writer
-saw it (e.g. the NaN loss that `nan_guard` stopped on), which the history does not
-commit.
+committed after its last call (`on_end`'s). A batch its schedule skipped is not
+written (`every(4)` over 10 batches writes steps 0, 4 and 8), also when Ctrl-C or
+an error cut that batch before the writer ran: the loop then runs the cut batch's
+observers whose schedules fire there (`Run.finish_observers`), so a writer on
+`every(4)` cut at step 8 writes it, at step 6 does not. A batch Ctrl-C cut before
+it counted has no history row, so no writer row: a loop that returns (normally or
+on Ctrl-C) leaves exactly the history's rows at those steps. A loop that raises
+leaves them plus the failing step's row as the writer saw it (e.g. the NaN loss
+that `nan_guard` stopped on, whichever of the two runs first), which the history
+does not commit.
 
 One writer per output at a time: a writer claims its output (a file, a logdir:
 `_target`) from its loop's start (by hand, its first call) to its `close()`; a
@@ -67,7 +69,7 @@ from ciclo._history.transfer import get
 from ciclo._interrupts import DEFERRED
 from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo._loop.callback import observer
-from ciclo._loop.state import LoopState, interrupted
+from ciclo._loop.state import LoopState
 from ciclo._time import Elapsed
 from ciclo._warn import user_line
 from ciclo.callbacks._base import LoopElement
@@ -379,8 +381,10 @@ class Writer(LoopElement):
 
     def _final_rows(self, loop_state: LoopState) -> list[Row]:
         """At the loop's end: the rows of the noted batches and, after the last
-        one, `on_end`'s rows and the last batch's when Ctrl-C cut it before the
-        writer ran on it; a failing batch's row as the writer saw it.
+        one, `on_end`'s rows; a failing batch's row as the writer saw it. (A
+        batch Ctrl-C or an error cut before the writer ran is noted all the
+        same when the writer's schedule fires there: the loop runs the
+        observers of a cut batch, `Run.finish_observers`.)
 
         The last noted batch counts when its step is below the loop's
         `elapsed_after` (the count the loop returns; when it raises, the count
@@ -395,9 +399,8 @@ class Writer(LoopElement):
         if not counted:
             marks.pop()
         final = int(loop_state.elapsed.steps)
-        # after the last call: `on_end`'s rows (from `final` on), and the last
-        # batch's only when Ctrl-C cut it before the writer ran
-        after = max(final - 1 if interrupted(loop_state) else final, held[1])
+        # after the last call: `on_end`'s rows (from `final` on)
+        after = max(final, held[1])
         with contextlib.suppress(Exception):  # a failed value: the rows on the host
             history.fetch()  # one wait, at the end
         start = marks[0][0] if marks else held[0]
