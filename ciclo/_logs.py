@@ -41,13 +41,36 @@ WEIGHTS, SAMPLE_WEIGHT = "weights", "sample_weight"
 MODES = ("last", "first", "mean", "weighted_mean", "sum", "min", "max", "std", "concat")
 
 
-def _check_mode(mode: Any, collection: str, name: str) -> None:
+def _check_mode(mode: Any, collection: str, name: str, hint: str = "") -> None:
     if mode not in MODES:
         raise ValueError(
             f"Logs: `aggregation` of {collection}.{name} must be one of {list(MODES)} "
             f"(how train_loop(epoch_logs=...) aggregates the entry over an epoch), "
-            f"got {mode!r}."
+            f"got {mode!r}.{hint}"
         )
+
+
+def _checked_items(
+    values: Mapping[str, Any] | None,
+    kwargs: dict[str, Any],
+    aggregation: str | None,
+    collection: str,
+    method: str,
+) -> list[tuple[str, Any]]:
+    """The entries a plural adder adds, after checking its `aggregation` (nothing
+    is added when it is unknown)."""
+    items = list({**(values or {}), **kwargs}.items())
+    if aggregation is not None and aggregation not in MODES:
+        names = ", ".join(name for name, _ in items)
+        _check_mode(
+            aggregation,
+            collection,
+            names if len(items) == 1 else f"{{{names}}}",
+            f" `aggregation` is a reserved keyword of {method}: to log an entry "
+            f"named 'aggregation', pass it in the dict form, "
+            f"{method}({{'aggregation': value}}).",
+        )
+    return items
 
 
 class Logs(dict):
@@ -56,11 +79,14 @@ class Logs(dict):
     Collections are any names; `losses`, `metrics`, `stateful_metrics` and
     `outputs` have helper methods. A `Logs` can be returned from `jax.jit`.
 
-    `add_entry`, `add_metric`, `add_loss` and `add_stateful_metric` take an
-    optional `aggregation=` (one of `MODES`: `"mean"`, `"max"`, ...): the entry's
-    default way of being aggregated over an epoch by
-    `train_loop(epoch_logs=...)`; `aggregations` reads them. The declarations
-    are static data of the pytree (they survive `jax.jit`) and follow `merge`.
+    Every `add_*` method takes an optional keyword-only `aggregation=` (one of
+    `MODES`: `"mean"`, `"max"`, ...), declared for every entry it adds: the
+    entry's default way of being aggregated wherever logs are (over an epoch by
+    `train_loop(epoch_logs=...)`, by test and inner loops, across devices);
+    `aggregations` reads them. The declarations are static data of the pytree
+    (they survive `jax.jit`) and follow `merge`. In the plural adders
+    (`add_metrics`, ...) `aggregation` is a reserved keyword: an entry named
+    `"aggregation"` is passed in the dict form, `add_metrics({"aggregation": v})`.
 
     Example:
         >>> import ciclo
@@ -70,6 +96,8 @@ class Logs(dict):
         (0.5, 0.9)
         >>> logs.add_metric("best", 0.9, aggregation="max").aggregations
         {('metrics', 'best'): 'max'}
+        >>> ciclo.logs().add_metrics({"n": 3}, seen=4, aggregation="sum").aggregations
+        {('metrics', 'n'): 'sum', ('metrics', 'seen'): 'sum'}
     """
 
     _aggregations: dict[tuple[str, str], str] | None = None  # declared modes
@@ -99,12 +127,12 @@ class Logs(dict):
     ) -> Logs:
         """Sets `self[collection][name] = value`; returns this `Logs` (calls chain).
         `aggregation`: the entry's declared mode (see the class docstring)."""
+        if aggregation is not None:  # checked first: nothing added if unknown
+            self._declare(collection, name, aggregation)
         entries = self.get(collection)
         if entries is None:
             entries = self[collection] = Entries()
         entries[name] = value
-        if aggregation is not None:
-            self._declare(collection, name, aggregation)
         return self
 
     @property
@@ -117,11 +145,33 @@ class Logs(dict):
         self._aggregations = {**(self._aggregations or {}), (collection, name): mode}
 
     def add_entries(
-        self, collection: str, values: Mapping[str, Any] | None = None, /, **kwargs
+        self,
+        collection: str,
+        values: Mapping[str, Any] | None = None,
+        /,
+        *,
+        aggregation: str | None = None,
+        **kwargs: Any,
     ) -> Logs:
-        """Adds several entries to `collection` (from a mapping and/or keywords)."""
-        for name, value in {**(values or {}), **kwargs}.items():
-            self.add_entry(collection, name, value)
+        """Adds several entries to `collection`, from a mapping and/or keywords.
+
+        Args:
+            collection: the collection the entries go to.
+            values: entries `name -> value` (the form for an entry named
+                `"aggregation"`, a reserved keyword here).
+            aggregation: the declared mode of every entry added (see the class
+                docstring); None declares nothing.
+            **kwargs: more entries `name=value`.
+
+        Returns:
+            This `Logs` (calls chain).
+
+        Raises:
+            ValueError: if `aggregation` is not one of `MODES` (nothing is added).
+        """
+        items = _checked_items(values, kwargs, aggregation, collection, "add_entries")
+        for name, value in items:
+            self.add_entry(collection, name, value, aggregation=aggregation)
         return self
 
     def add_metric(
@@ -129,17 +179,41 @@ class Logs(dict):
     ) -> Logs:
         """Adds `value` to the `metrics` collection (`aggregation`: its declared
         mode)."""
+        if aggregation is not None:  # checked first: nothing added if unknown
+            self._declare(METRICS, name, aggregation)
         entries = self.get(METRICS)  # add_entry, inlined: called every step
         if entries is None:
             entries = self[METRICS] = Entries()
         entries[name] = value
-        if aggregation is not None:
-            self._declare(METRICS, name, aggregation)
         return self
 
-    def add_metrics(self, values: Mapping[str, Any] | None = None, /, **kwargs) -> Logs:
-        """Adds several entries to the `metrics` collection."""
-        return self.add_entries(METRICS, values, **kwargs)
+    def add_metrics(
+        self,
+        values: Mapping[str, Any] | None = None,
+        /,
+        *,
+        aggregation: str | None = None,
+        **kwargs: Any,
+    ) -> Logs:
+        """Adds several entries to the `metrics` collection.
+
+        Args:
+            values: entries `name -> value` (the form for an entry named
+                `"aggregation"`, a reserved keyword here).
+            aggregation: the declared mode of every entry added (see the class
+                docstring); None declares nothing.
+            **kwargs: more entries `name=value`.
+
+        Returns:
+            This `Logs` (calls chain).
+
+        Raises:
+            ValueError: if `aggregation` is not one of `MODES` (nothing is added).
+        """
+        items = _checked_items(values, kwargs, aggregation, METRICS, "add_metrics")
+        for name, value in items:
+            self.add_entry(METRICS, name, value, aggregation=aggregation)
+        return self
 
     def add_loss(
         self,
@@ -151,12 +225,12 @@ class Logs(dict):
     ) -> Logs:
         """Adds `value` to `losses` (and to `metrics` too with `add_metric=True`;
         `aggregation`: its declared mode, in both)."""
+        if aggregation is not None:  # checked first: nothing added if unknown
+            self._declare(LOSSES, name, aggregation)
         entries = self.get(LOSSES)  # add_entry, inlined: called every step
         if entries is None:
             entries = self[LOSSES] = Entries()
         entries[name] = value
-        if aggregation is not None:
-            self._declare(LOSSES, name, aggregation)
         if add_metric:
             return self.add_entry(METRICS, name, value, aggregation=aggregation)
         return self
@@ -167,11 +241,29 @@ class Logs(dict):
         /,
         *,
         add_metrics: bool = False,
-        **kwargs,
+        aggregation: str | None = None,
+        **kwargs: Any,
     ) -> Logs:
-        """Adds several losses (and metrics too with `add_metrics=True`)."""
-        for name, value in {**(values or {}), **kwargs}.items():
-            self.add_loss(name, value, add_metric=add_metrics)
+        """Adds several entries to the `losses` collection (and to `metrics` too
+        with `add_metrics=True`).
+
+        Args:
+            values: entries `name -> value` (the form for an entry named
+                `"aggregation"` or `"add_metrics"`, reserved keywords here).
+            add_metrics: also add each entry to `metrics`.
+            aggregation: the declared mode of every entry added, in both
+                collections (see the class docstring); None declares nothing.
+            **kwargs: more entries `name=value`.
+
+        Returns:
+            This `Logs` (calls chain).
+
+        Raises:
+            ValueError: if `aggregation` is not one of `MODES` (nothing is added).
+        """
+        items = _checked_items(values, kwargs, aggregation, LOSSES, "add_losses")
+        for name, value in items:
+            self.add_loss(name, value, add_metric=add_metrics, aggregation=aggregation)
         return self
 
     def add_stateful_metric(
@@ -182,18 +274,69 @@ class Logs(dict):
         return self.add_entry(STATEFUL_METRICS, name, value, aggregation=aggregation)
 
     def add_stateful_metrics(
-        self, values: Mapping[str, Any] | None = None, /, **kwargs
+        self,
+        values: Mapping[str, Any] | None = None,
+        /,
+        *,
+        aggregation: str | None = None,
+        **kwargs: Any,
     ) -> Logs:
-        """Adds several entries to the `stateful_metrics` collection."""
-        return self.add_entries(STATEFUL_METRICS, values, **kwargs)
+        """Adds several entries to the `stateful_metrics` collection.
 
-    def add_output(self, name: str, value: Any) -> Logs:
-        """Adds `value` to the `outputs` collection."""
-        return self.add_entry(OUTPUTS, name, value)
+        Args:
+            values: entries `name -> value` (the form for an entry named
+                `"aggregation"`, a reserved keyword here).
+            aggregation: the declared mode of every entry added (see the class
+                docstring); None declares nothing.
+            **kwargs: more entries `name=value`.
 
-    def add_outputs(self, values: Mapping[str, Any] | None = None, /, **kwargs) -> Logs:
-        """Adds several entries to the `outputs` collection."""
-        return self.add_entries(OUTPUTS, values, **kwargs)
+        Returns:
+            This `Logs` (calls chain).
+
+        Raises:
+            ValueError: if `aggregation` is not one of `MODES` (nothing is added).
+        """
+        items = _checked_items(
+            values, kwargs, aggregation, STATEFUL_METRICS, "add_stateful_metrics"
+        )
+        for name, value in items:
+            self.add_entry(STATEFUL_METRICS, name, value, aggregation=aggregation)
+        return self
+
+    def add_output(
+        self, name: str, value: Any, *, aggregation: str | None = None
+    ) -> Logs:
+        """Adds `value` to the `outputs` collection (`aggregation`: its declared
+        mode, e.g. `"concat"`)."""
+        return self.add_entry(OUTPUTS, name, value, aggregation=aggregation)
+
+    def add_outputs(
+        self,
+        values: Mapping[str, Any] | None = None,
+        /,
+        *,
+        aggregation: str | None = None,
+        **kwargs: Any,
+    ) -> Logs:
+        """Adds several entries to the `outputs` collection.
+
+        Args:
+            values: entries `name -> value` (the form for an entry named
+                `"aggregation"`, a reserved keyword here).
+            aggregation: the declared mode of every entry added (see the class
+                docstring); None declares nothing.
+            **kwargs: more entries `name=value`.
+
+        Returns:
+            This `Logs` (calls chain).
+
+        Raises:
+            ValueError: if `aggregation` is not one of `MODES` (nothing is added).
+        """
+        items = _checked_items(values, kwargs, aggregation, OUTPUTS, "add_outputs")
+        for name, value in items:
+            self.add_entry(OUTPUTS, name, value, aggregation=aggregation)
+        return self
 
     # -- combining ----------------------------------------------------------------
     def merge(self, other: Mapping[str, Mapping[str, Any]] | None) -> Logs:

@@ -266,3 +266,35 @@ def test_declared_modes_survive_the_multi_device_strategies():
         timeout=300,
     )
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_a_batch_of_no_samples_counts_for_nothing_in_the_weighted_mean():
+    # an empty batch's mean is NaN; its weight (its samples) is 0, so it counts for
+    # nothing, as in inner_loop's weighted mean; a NaN of a batch with samples
+    # still propagates, and with no samples at all it is the plain mean
+    def mean_step(state, batch):
+        return ciclo.logs().add_loss("loss", jnp.mean(batch)), state
+
+    def epoch_mean(batches):
+        history = ciclo.train_loop(
+            0, batches, {ciclo.on_train_step: mean_step}, epoch_logs=True,
+            batch_size_fn=lambda shapes: shapes[0][0],
+        )[1]  # fmt: skip
+        return float(history.collect("loss_epoch")[0])
+
+    def inner_mean(batches):
+        logs, _ = ciclo.inner_loop(
+            "x", lambda s: ciclo.loop(s, batches, {ciclo.every(1): mean_step},
+            batch_size_fn=lambda shapes: shapes[0][0]),
+            aggregation="weighted_mean",
+        )(0)  # fmt: skip
+        return float(logs.losses.loss_x)
+
+    empty = np.zeros((0,), np.float32)
+    batches = [np.full((2,), 1.0, np.float32), empty, np.full((3,), 6.0, np.float32)]
+    reference = np.average([1.0, 6.0], weights=[2, 3])
+    assert epoch_mean(batches) == pytest.approx(reference)
+    assert inner_mean(batches) == pytest.approx(reference)
+    with_nan = [np.array([1.0, np.nan], np.float32), empty]
+    assert np.isnan(epoch_mean(with_nan)) and np.isnan(inner_mean(with_nan))
+    assert np.isnan(epoch_mean([empty, empty]))

@@ -1,5 +1,6 @@
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import ciclo
@@ -87,3 +88,99 @@ def test_logs_is_a_pytree_returned_from_jit():
         jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(out)
     ]
     assert paths == ["['losses']['loss']", "['metrics']['acc']"]
+
+
+# `Logs.add_*(..., aggregation=)` declares an entry's default mode (API.md §5): the
+# plural adders declare it for every entry they add, in every call form.
+def test_plural_adders_declare_aggregation_for_every_entry():
+    logs = ciclo.logs()
+    logs.add_entries("custom", {"a": 1}, b=2, aggregation="sum")
+    logs.add_metrics({"acc": 0.5}, f1=0.1, aggregation="max")
+    logs.add_losses({"l1": 1.0}, l2=2.0, add_metrics=True, aggregation="min")
+    logs.add_stateful_metrics(avg=4.0, aggregation="last")
+    logs.add_outputs({"preds": [1, 2]}, aggregation="concat")
+    logs.add_output("emb", [0], aggregation="concat")
+    assert logs == {
+        "custom": {"a": 1, "b": 2},
+        "metrics": {"acc": 0.5, "f1": 0.1, "l1": 1.0, "l2": 2.0},
+        "losses": {"l1": 1.0, "l2": 2.0},
+        "stateful_metrics": {"avg": 4.0},
+        "outputs": {"preds": [1, 2], "emb": [0]},
+    }
+    assert logs.aggregations == {
+        ("custom", "a"): "sum",
+        ("custom", "b"): "sum",
+        ("metrics", "acc"): "max",
+        ("metrics", "f1"): "max",
+        ("losses", "l1"): "min",
+        ("metrics", "l1"): "min",
+        ("losses", "l2"): "min",
+        ("metrics", "l2"): "min",
+        ("stateful_metrics", "avg"): "last",
+        ("outputs", "preds"): "concat",
+        ("outputs", "emb"): "concat",
+    }
+
+
+def test_plural_adders_without_aggregation_declare_nothing():
+    logs = ciclo.logs().add_metrics({"a": 1.0}, b=2.0, aggregation=None)
+    logs.add_losses(c=3.0, add_metrics=True).add_outputs(d=4.0).add_output("e", 5)
+    assert logs.aggregations == {}
+    # an entry literally named "aggregation" is passed in the dict form
+    logs.add_metrics({"aggregation": 0.5}).add_entries("x", {"aggregation": 1})
+    assert logs.metrics["aggregation"] == 0.5 and logs.x["aggregation"] == 1
+    assert logs.aggregations == {}
+
+
+@pytest.mark.parametrize(
+    "add",
+    [
+        lambda logs: logs.add_entries("custom", {"a": 1}, aggregation="median"),
+        lambda logs: logs.add_metrics(a=1.0, aggregation="median"),
+        lambda logs: logs.add_losses(
+            {"a": 1.0}, add_metrics=True, aggregation="median"
+        ),
+        lambda logs: logs.add_stateful_metrics(a=1.0, aggregation="median"),
+        lambda logs: logs.add_outputs(a=1.0, aggregation="median"),
+        lambda logs: logs.add_output("a", 1.0, aggregation="median"),
+        lambda logs: logs.add_metric("a", 1.0, aggregation="median"),
+        lambda logs: logs.add_loss("a", 1.0, add_metric=True, aggregation="median"),
+        lambda logs: logs.add_entry("custom", "a", 1.0, aggregation="median"),
+        lambda logs: logs.add_stateful_metric("a", 1.0, aggregation="median"),
+        lambda logs: logs.add_metrics(aggregation="median"),  # nothing to add
+    ],
+)
+def test_an_unknown_aggregation_is_the_singular_adders_error_and_adds_nothing(add):
+    with pytest.raises(ValueError, match="must be one of .*got 'median'") as singular:
+        ciclo.logs().add_metric("a", 1.0, aggregation="median")
+    logs = ciclo.logs().add_metric("kept", 1.0)
+    with pytest.raises(ValueError, match="must be one of .*got 'median'") as plural:
+        add(logs)
+    assert type(plural.value) is type(singular.value)
+    assert logs == {"metrics": {"kept": 1.0}} and logs.aggregations == {}
+
+
+def test_plural_adders_hint_at_the_dict_form_for_an_entry_named_aggregation():
+    with pytest.raises(ValueError, match=r"add_metrics\(\{'aggregation': value\}\)"):
+        ciclo.logs().add_metrics(aggregation=0.5)  # once an entry, now the mode
+
+
+def test_plural_declarations_are_honoured_by_the_test_loop_and_epochs():
+    def train_step(state, batch):
+        logs = ciclo.logs().add_metrics({"seen": float(len(batch))}, aggregation="sum")
+        return logs.add_losses(worst=float(batch[0]), aggregation="max"), state
+
+    def test_step(state, batch):
+        return ciclo.logs().add_metrics({"count": float(len(batch))}, aggregation="sum")
+
+    data = [np.full((n,), float(n)) for n in (1, 3, 2)]
+    _, history, _ = ciclo.train_loop(
+        0,
+        data,
+        {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
+        test_dataset=lambda: [np.ones(4), np.ones(3)],
+        epoch_logs=True,
+    )
+    assert float(history.collect("count_test")[0]) == 7.0  # summed, not averaged
+    assert float(history.collect("seen_epoch")[0]) == 6.0
+    assert float(history.collect("worst_epoch")[0]) == 3.0

@@ -611,3 +611,32 @@ def test_named_schedules_of_two_places_do_not_combine():
         (ciclo.on_epoch_end & ciclo.every(2)) & 3
     with pytest.raises(ValueError, match="int >= 1"):
         (ciclo.on_epoch_end & ciclo.every(2)).every(0)
+
+
+def test_named_schedule_compositions_are_named_schedules():
+    # API.md §5: `&`, `|`, `~` and `.every(k)` give a named schedule again
+    composed = [
+        ciclo.on_epoch_end & ciclo.every(2),
+        ciclo.every(2) & ciclo.on_epoch_end,
+        ciclo.on_epoch_end.every(2),
+        ~ciclo.on_epoch_end,
+        ciclo.on_epoch_end | ciclo.after(4),
+        ciclo.after(4) | ciclo.on_epoch_end,
+        (ciclo.on_epoch_end & ciclo.every(2)).every(3),
+        ~(ciclo.on_train_step & ciclo.every(2)) | ciclo.on_train_step.every(5),
+    ]
+    for key in composed:
+        assert isinstance(key, ciclo.NamedSchedule), repr(key)
+    assert isinstance(ciclo.on_epoch_end, ciclo.NamedSchedule)
+    assert isinstance(ciclo.on_epoch_end, str) and ciclo.on_epoch_end == "on_epoch_end"
+    assert not isinstance(ciclo.every(2), ciclo.NamedSchedule)
+    assert not isinstance("on_epoch_end", ciclo.NamedSchedule)  # a plain str
+
+
+def test_named_schedule_compositions_are_distinct_task_keys():
+    # a bare named schedule is its name's string; a composition is a key of its
+    # own (compared by identity), so two equal-looking ones are two keys
+    a, b = ciclo.on_epoch_end.every(2), ciclo.on_epoch_end.every(2)
+    assert a != b and a == a and len({a, b, ciclo.on_epoch_end}) == 3
+    assert {ciclo.on_epoch_end: 1}["on_epoch_end"] == 1
+    assert _epoch_end_steps(a) == [3, 7, 11, 15]

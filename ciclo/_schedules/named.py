@@ -5,6 +5,7 @@ Where each one runs is in `ciclo._predefined.tables`.
 
 from __future__ import annotations
 
+from abc import ABCMeta
 from typing import TYPE_CHECKING, Any
 
 from ciclo._schedules.base import Schedule, fresh
@@ -54,9 +55,14 @@ class _Composable:
         return When(self.name, Negated(_condition(self.condition)))
 
 
-class NamedSchedule(_Composable, str):
+class NamedSchedule(_Composable, str, metaclass=ABCMeta):
     """A named schedule (`ciclo.on_epoch_end`, ...): the string of its name, usable
     as a task key of the predefined loops, that also composes with a schedule.
+
+    A composition (`ciclo.on_epoch_end & ciclo.every(2)`, ...) is a
+    `NamedSchedule` too (`isinstance` holds: a registered virtual subclass) but
+    not a string: it is a task key of its own, compared by identity, so two
+    equal-looking compositions are two keys.
 
     `named & schedule` (or `schedule & named`) runs its callbacks where the named
     schedule runs, on the batches where `schedule` also fires (checked only
@@ -277,6 +283,12 @@ class When(_Composable):
         if self.condition is None:
             return f"ciclo.{self.name}"
         return f"ciclo.{self.name}[{self.condition!r}]"
+
+
+# Named schedules are closed under their operators (API.md §5): a composition is a
+# `NamedSchedule` for `isinstance`, while staying no `str` (the loops tell a bare
+# place, a string key, from a gated `When` key by that).
+NamedSchedule.register(When)
 
 
 on_train_begin = NamedSchedule("on_train_begin")

@@ -28,7 +28,21 @@ def _stack(values: list[Any]) -> np.ndarray:
 
 
 def weighted_mean(values: list[Any], weights: list[float] | None = None) -> Any:
-    """The mean of `values` weighted by `weights` (e.g. batch sizes)."""
+    """The mean of `values` weighted by `weights` (e.g. batch sizes), element-wise.
+
+    A value of weight 0 counts for nothing, a NaN in it too (a batch that is all
+    padding, whose own mean is 0/0); a NaN of a value with a non-zero weight
+    propagates. When no weight is positive (none known, e.g. only `on_end`
+    logged, or every batch all padding), the plain mean of the values.
+
+    Example:
+        >>> import numpy as np
+        >>> from ciclo.callbacks._aggregation import weighted_mean
+        >>> float(weighted_mean([1.0, np.nan, 4.0], [1, 0, 2]))
+        3.0
+        >>> float(weighted_mean([1.0, 3.0], [0, 0]))
+        2.0
+    """
     stacked = _stack(values)
     if weights is None:
         return stacked.mean(axis=0)
@@ -36,7 +50,8 @@ def weighted_mean(values: list[Any], weights: list[float] | None = None) -> Any:
     if not w.sum() > 0:  # no batch sizes known (e.g. only on_end logged it)
         return stacked.mean(axis=0)
     w = w.reshape((-1,) + (1,) * (stacked.ndim - 1))
-    mean = (stacked * w).sum(axis=0) / w.sum()
+    # masked before the product: 0 * NaN (or inf) would be NaN
+    mean = (np.where(w == 0, 0, stacked) * w).sum(axis=0) / w.sum()
     if np.issubdtype(stacked.dtype, np.floating):
         mean = mean.astype(stacked.dtype)
     return mean
@@ -141,7 +156,9 @@ class Running:
     """One entry's aggregation over a stream of values, kept on the device.
 
     `add(value, size)` costs a device op or two (no sync) for `"sum"`, `"mean"`,
-    `"weighted_mean"` (by `size`), `"min"`, `"max"` and `"std"` (shifted sums);
+    `"weighted_mean"` (by `size`, a host number: a value of size 0 counts for
+    nothing, a NaN in it too, unless every size is 0 — then the plain mean, as
+    `weighted_mean`), `"min"`, `"max"` and `"std"` (shifted sums);
     `"first"` and `"last"` keep one value; `"concat"` and a function keep the
     values and combine them in `result()` (`jnp.concatenate` on the device; a
     function gets the list).
@@ -156,7 +173,16 @@ class Running:
         1.118
     """
 
-    __slots__ = ("count", "first", "mode", "size", "total", "total_sq", "values")
+    __slots__ = (
+        "count",
+        "first",
+        "mode",
+        "size",
+        "total",
+        "total_sq",
+        "unweighted",
+        "values",
+    )
 
     def __init__(self, mode: Aggregation):
         self.mode = mode
@@ -165,6 +191,7 @@ class Running:
         self.first: Any = None
         self.total: Any = None
         self.total_sq: Any = None
+        self.unweighted: Any = None  # weighted_mean: the sum of the size-0 values
         self.values: list[Any] = []
 
     def add(self, value: Any, size: int = 1) -> None:
@@ -175,9 +202,12 @@ class Running:
         elif mode in ("sum", "mean"):
             self.total = value if count == 0 else self.total + value
         elif mode == "weighted_mean":
-            weighted = value * size
-            self.total = weighted if count == 0 else self.total + weighted
-            self.size += size
+            if size:
+                weighted = value * size
+                self.total = weighted if self.total is None else self.total + weighted
+                self.size += size
+            else:  # counts for nothing (0 * NaN would be NaN) unless all weigh 0
+                self._add_unweighted(value)
         elif mode in ("min", "max"):
             if count == 0:
                 self.total = value
@@ -207,9 +237,11 @@ class Running:
         lib = _lib(stacked)
         if mode == "last" or (mode == "first" and count == 0):
             self.first = stacked[-1] if mode == "last" else stacked[0]
+        elif mode == "weighted_mean" and not size:  # as `add`: counts for nothing
+            self._add_unweighted(stacked.sum(axis=0))
         elif mode in ("sum", "mean", "weighted_mean"):
             total = stacked.sum(axis=0) * (size if mode == "weighted_mean" else 1)
-            self.total = total if count == 0 else self.total + total
+            self.total = total if self.total is None else self.total + total
             self.size += size * n
         elif mode in ("min", "max"):
             total = stacked.min(axis=0) if mode == "min" else stacked.max(axis=0)
@@ -228,6 +260,10 @@ class Running:
             self.values.extend(stacked[i] for i in range(n))
         self.count = count + n
 
+    def _add_unweighted(self, total: Any) -> None:
+        unweighted = self.unweighted
+        self.unweighted = total if unweighted is None else unweighted + total
+
     def result(self) -> Any:
         """The aggregate of the values added (None if none was)."""
         mode, count = self.mode, self.count
@@ -240,7 +276,9 @@ class Running:
         if mode == "mean":
             return self.total / count
         if mode == "weighted_mean":
-            return self.total / self.size if self.size > 0 else self.total / count
+            if self.size > 0:
+                return self.total / self.size
+            return self.unweighted / count  # every value of size 0: the plain mean
         if mode == "std":
             mean = self.total / count
             lib = _lib(mean)

@@ -214,7 +214,7 @@ def as_history(history: Any) -> History | None:
         logs = Logs()
         for collection, entries in row.items():
             if collection != ELAPSED:
-                logs.add_entries(collection, **entries)
+                logs.add_entries(collection, entries)
         out.commit(
             Elapsed.create(
                 steps=int(elapsed.get("steps", i)),
