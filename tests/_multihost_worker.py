@@ -68,6 +68,19 @@ long_state, long_history, _ = ciclo.loop(
 jax.block_until_ready(long_state)
 assert len(long_history.collect("metrics.loss")) == 300
 
+# `elapsed.samples` counts the global batch (what all processes feed), as the
+# one-process run does: a stop, an epoch or a schedule in samples means the same
+_, counted_history, counted = ciclo.loop(
+    state, data, {ciclo.every(1): [m.train_step]}, stop=ciclo.at(samples=2 * m.BATCH)
+)
+assert (counted.steps, counted.samples) == (2, 2 * m.BATCH), counted
+assert counted_history.collect("samples") == [0, m.BATCH], counted_history
+_, _, counted = ciclo.train_loop(
+    state, data, {ciclo.on_train_step: m.train_step}, stop=3,
+    batch_size_fn=lambda shapes: shapes[0][0],  # the local slice's rows
+)  # fmt: skip
+assert (counted.steps, counted.samples) == (3, 3 * m.BATCH), counted
+
 if process_id == 0:
     np.savez(out, loss=loss, **params)
 jax.distributed.shutdown()

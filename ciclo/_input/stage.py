@@ -42,6 +42,7 @@ from ciclo._input.passes import Passes, one_pass, train_data
 from ciclo._input.prefetch import ahead, placer
 from ciclo._input.resume import Start, checkpointable
 from ciclo._period import Period
+from ciclo._strategies.registry import strategy_of
 from ciclo._time import Elapsed
 
 __all__ = ["Inputs", "inputs"]
@@ -84,7 +85,7 @@ class Inputs:
         self._passes, self._k, self._place, self._depth = (
             passes, steps_per_call, place, depth,
         )  # fmt: skip
-        self._left, self._size_fn = left, batch_size_fn
+        self._left, self.batch_size_fn = left, batch_size_fn
         self._items: Iterator[Item] | None = None  # the current pass's
         self._counted: Any = None  # its list (tuple, range) iterator, if it is one
         self._read = 0  # items read from the current pass
@@ -113,7 +114,7 @@ class Inputs:
         saves = self._passes.bound == 1 and checkpointable(iterator)
         items = items_of(iterator, self._left, saves)
         if self._k > 1:
-            items = groups(items, self._k, self._size_fn)
+            items = groups(items, self._k, self.batch_size_fn)
         if self._place is not None:
             items = ahead(items, self._place, self._depth)
         self._items, self._read = items, 0
@@ -251,7 +252,8 @@ def inputs(
         stop: nothing is read past a `stop` in steps.
         steps_per_call: batches per fused call (1: none).
         prefetch: items read and placed ahead (`ciclo.loop`'s argument).
-        batch_size_fn: counts a fused call's samples.
+        batch_size_fn: counts a batch's samples (`Inputs.batch_size_fn`, the
+            loop's count: `sample_counter`).
         reread, epochs, epoch_duration: `train_loop`'s data (`train_data`).
 
     Raises:
@@ -269,5 +271,26 @@ def inputs(
         left = [max(int(stop.steps) - start, 0)]
     return Inputs(
         data, steps_per_call=steps_per_call, place=placer(state, prefetch),
-        depth=prefetch, left=left, batch_size_fn=batch_size_fn,
+        depth=prefetch, left=left, batch_size_fn=sample_counter(batch_size_fn, state),
     )  # fmt: skip
+
+
+def sample_counter(
+    batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None, state: Any
+) -> Callable[[list[tuple[int, ...]]], int] | None:
+    """How the loop counts a batch's samples (`elapsed.samples`): `batch_size_fn`
+    (or the largest first axis), times the process-local slices that make one
+    global batch under the state's strategy (multi-process `"sharded"`: each
+    process counts what all of them feed, as the single-process run does)."""
+    strategy = strategy_of(state)
+    slices = getattr(strategy, "_batch_slices", None)
+    factor = 1 if slices is None else int(slices())
+    if factor == 1:
+        return batch_size_fn
+
+    def counted(shapes: list[tuple[int, ...]]) -> int:
+        if batch_size_fn is not None:
+            return int(batch_size_fn(shapes)) * factor
+        return (max((s[0] for s in shapes if s), default=0) or 1) * factor
+
+    return counted

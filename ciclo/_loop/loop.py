@@ -209,15 +209,13 @@ def run_loop(
             raise
         return _run(
             scope, state, history, elapsed, data, plan, start, end, end_hooks,
-            stop_period, batch_size_fn, metadata, catch_keyboard_interrupt, groups,
-            start_at, table,
+            stop_period, metadata, catch_keyboard_interrupt, groups, start_at, table,
         )  # fmt: skip
 
 
 def _run(
     scope, state, history, elapsed, data, plan, start, end, end_hooks,
-    stop_period, batch_size_fn, metadata, catch_keyboard_interrupt, groups,
-    start_at, table,
+    stop_period, metadata, catch_keyboard_interrupt, groups, start_at, table,
 ) -> tuple[Any, History, Elapsed]:  # fmt: skip
     """The batches, `on_end` and the end hooks (`loop` after its arguments)."""
     initial = Elapsed.create() if elapsed is None else elapsed.resume()
@@ -229,7 +227,8 @@ def _run(
     outer, history._live = history._live, ls
     end_hooks.append(lambda ls: setattr(history, "_live", outer))
     read_from(ls, data)
-    run = Run(ls, plan, start, stop_period, batch_size_fn)
+    # the input stage's count of a batch's samples (global across processes)
+    run = Run(ls, plan, start, stop_period, data.batch_size_fn)
     if scope is not None and scope.claim(run):  # stops after a step on SIGTERM
         run.watch = scope.stop_requested
     interrupted = False

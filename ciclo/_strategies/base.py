@@ -207,6 +207,12 @@ class Strategy:
         """
         return fn
 
+    def _batch_slices(self) -> int:
+        """How many process-local slices make one global batch (what
+        `place_batch` assembles): 1 when a process feeds whole batches. The loop
+        counts `elapsed.samples` globally with it (`ciclo._input.stage`)."""
+        return 1
+
     def lift_batch_size(self, batch_size: int) -> int:
         """The global batch size when each device gets `batch_size` samples.
 

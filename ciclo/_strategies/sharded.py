@@ -213,6 +213,14 @@ class Sharded(Strategy):
             }
         )
 
+    def _batch_slices(self) -> int:
+        """Across processes each feeds its local slice (`_place`): the data axis's
+        shards over this process's, as `jax.make_array_from_process_local_data`
+        assembles the global batch."""
+        if jax.process_count() == 1:
+            return 1
+        return self.mesh.shape[self.data_axis] // self._local_data_shards()
+
     def place_batch(self, batch: Any) -> Any:
         return self._place(batch, axis=0)
 
