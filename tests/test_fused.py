@@ -6,6 +6,8 @@ subprocess (`_fused_worker.py`).
 
 from __future__ import annotations
 
+import warnings
+
 import _managed_model as m
 import jax.numpy as jnp
 import numpy as np
@@ -141,6 +143,28 @@ def test_train_loop_steps_per_call_with_a_bar(capsys):
     assert elapsed.steps == 6 and int(state.step) == 6
     assert history.collect("steps") == [0, 3]
     assert "6/6" in capsys.readouterr().out
+
+
+def test_an_epoch_duration_not_a_multiple_of_steps_per_call_warns_where_epochs_end():
+    # epochs end at call boundaries: with K=3 and epoch_duration=4 after steps 6,
+    # 9 and 12 (the first call reaching each multiple of 4), said up front
+    test = m.dataset(steps=1, seed=3)
+    kwargs = dict(test_dataset=lambda: test, steps_per_call=3, stop=12)
+    with pytest.warns(UserWarning, match="epoch_duration=4 is not a multiple") as w:
+        _, history, _ = ciclo.train_loop(
+            _flax_state(), m.dataset(steps=12), epoch_duration=4, **kwargs
+        )
+    assert "after steps 6, 9, 12" in str(w[0].message)
+    assert w[0].filename == __file__  # the user's line
+    assert history.collect("steps", "accuracy_test")[0] == [5, 8, 11]
+    with warnings.catch_warnings():  # a multiple: nothing to say
+        warnings.simplefilter("error")
+        ciclo.train_loop(
+            _flax_state(),
+            m.dataset(steps=12),
+            epoch_duration=ciclo.at(steps=6),
+            **kwargs,
+        )
 
 
 @pytest.fixture(scope="module")

@@ -206,6 +206,7 @@ def train_loop(
                 train_callbacks = [*named[on_train_step], *(v for _, v in ordinary)]
                 steps_per_call = declared_steps(train_callbacks, state) or 1
             check_steps(steps_per_call, "train_loop")
+            _warn_off_boundary(epoch_duration, steps_per_call, start, stop_at)
             data = inputs(
                 dataset, state=state, elapsed=elapsed, start_at=start_at,
                 stop=stop_at, steps_per_call=steps_per_call, prefetch=prefetch,
@@ -268,3 +269,41 @@ def train_loop(
             f"exhausted iterator or generator, or an empty list."
         )
     return result
+
+
+def _warn_off_boundary(
+    epoch_duration: Any, k: int, start: Elapsed, stop: Period | None
+) -> None:
+    """Epochs end at fused calls' boundaries (they are checked once per call): an
+    `epoch_duration` in steps that is not a multiple of `k` is said up front,
+    with the steps its first epochs end after."""
+    if k == 1 or epoch_duration is None:
+        return
+    period = as_period(epoch_duration, "epoch_duration")
+    n = period.steps
+    if n is None or any(
+        getattr(period, f) is not None for f in ("samples", "time", "date")
+    ):
+        return
+    n = int(n)
+    if n <= 0 or n % k == 0:
+        return
+    first, ends, at = int(start.steps), [], int(start.steps)
+    multiple = (first // n + 1) * n
+    limit = None if stop is None or stop.steps is None else int(stop.steps)
+    while len(ends) < 3:
+        while at < multiple:
+            at += k
+        if limit is not None and at >= limit:
+            ends.append(limit)
+            break
+        ends.append(at)
+        multiple = (at // n + 1) * n
+    warn(
+        f"train_loop: epoch_duration={n} is not a multiple of steps_per_call={k}: "
+        f"epochs end at call boundaries, after steps {', '.join(map(str, ends))}"
+        f"{'' if limit is not None and ends[-1] == limit else ', ...'} (the "
+        f"first call reaching each multiple of {n}), and so do the test loop and "
+        f"`on_epoch_end`. Pick an epoch_duration that is a multiple of {k} (e.g. "
+        f"{max(k, n - n % k)} or {n - n % k + k})."
+    )
