@@ -94,16 +94,18 @@ class Period:
     def create(
         cls,
         steps: int | None = None,
-        *,
         samples: int | None = None,
         time: float | datetime.timedelta | None = None,
         date: float | datetime.datetime | None = None,
     ) -> Period:
-        """Same as `ciclo.at(...)` (the original Ciclo's spelling).
+        """Same as `ciclo.at(...)` (the original Ciclo's spelling, whose fields
+        may also be given by position: `Period.create(None, 100)`).
 
         Example:
             >>> import ciclo
             >>> ciclo.Period.create(steps=10) == ciclo.at(10)
+            True
+            >>> ciclo.Period.create(None, 100) == ciclo.at(samples=100)
             True
         """
         return cls(steps=steps, samples=samples, time=time, date=date)

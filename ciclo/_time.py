@@ -60,13 +60,34 @@ class Elapsed:
     def create(cls, steps: int = 0, samples: int = 0) -> Elapsed:
         """Starts counting now from `steps` and `samples`.
 
+        Raises:
+            TypeError: for a `steps` or `samples` that is not an int.
+            ValueError: for a negative one.
+
         Example:
             >>> import ciclo
             >>> ciclo.Elapsed.create(steps=5).steps
             5
         """
+        steps, samples = _count("steps", steps), _count("samples", samples)
         now = _time.time()
         return new_elapsed(steps, samples, now, now)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict (Ciclo 0.1's `to_dict`).
+
+        Example:
+            >>> import ciclo
+            >>> sorted(ciclo.Elapsed.create(steps=2).to_dict())
+            ['date', 'date_start', 'samples', 'steps', 'time']
+        """
+        return {
+            "steps": self.steps,
+            "samples": self.samples,
+            "date": self.date,
+            "date_start": self.date_start,
+            "time": self.time,
+        }
 
     def update(self, batch_size: int, steps: int = 1) -> Elapsed:
         """Returns the elapsed after consuming one more batch of `batch_size`
@@ -143,6 +164,21 @@ class Elapsed:
         return hash((self.steps, self.samples, self.date, self.date_start))
 
 
+def _count(name: str, value: Any) -> int:
+    """`Elapsed.create`'s `steps` / `samples`: an int >= 0 (numpy ints too)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"`Elapsed.create({name}=...)` must be an int, got {value!r} "
+            f"({type(value).__name__})."
+        )
+    if value < 0:
+        raise ValueError(
+            f"`Elapsed.create({name}=...)` must be >= 0 (what was consumed), got "
+            f"{value!r}."
+        )
+    return int(value)
+
+
 def new_elapsed(steps: int, samples: int, date: float, date_start: float) -> Elapsed:
     """Builds an `Elapsed` without the dataclass machinery (the loop's hot path)."""
     e = object.__new__(Elapsed)
@@ -198,7 +234,9 @@ def elapse(
         `(elapsed, batch)` pairs.
 
     Raises:
-        TypeError: if `stop` is neither an int nor a `Period`.
+        TypeError: if `stop` is neither an int nor a `Period`, `initial` is not an
+            `Elapsed`, `dataset` is not iterable, or `batch_size_fn` returns
+            something that is not an int.
 
     Example:
         >>> import ciclo
@@ -207,8 +245,21 @@ def elapse(
         0 [1, 2]
     """
     stop_period = None if stop is None else as_period(stop, "stop")
+    if initial is not None and not isinstance(initial, Elapsed):
+        raise TypeError(
+            f"ciclo.elapse: `initial` must be a ciclo.Elapsed (e.g. a restored "
+            f"checkpoint's), got {initial!r} ({type(initial).__name__}); to start "
+            f"counting at step n use initial=ciclo.Elapsed.create(steps=n)."
+        )
+    try:
+        iterator = iter(dataset)
+    except TypeError:
+        raise TypeError(
+            f"ciclo.elapse: `dataset` must be iterable (a list, generator, numpy "
+            f"array, data loader, ...), got {type(dataset).__name__}: "
+            f"{dataset!r:.60}."
+        ) from None
     elapsed = Elapsed.create() if initial is None else initial.resume()
-    iterator = iter(dataset)
     while stop_period is None or not elapsed >= stop_period:
         try:
             batch = next(iterator)

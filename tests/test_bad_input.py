@@ -502,3 +502,32 @@ def test_a_pair_state_returned_bare_is_an_error_at_step_0():
 
     _, history, _ = ciclo.loop(state, range(2), {ciclo.every(1): logs_and_pair})
     assert history.collect("m") == [1.0, 1.0]
+
+
+def test_elapse_and_elapsed_arguments_of_the_wrong_kind_name_the_argument():
+    with pytest.raises(TypeError, match=r"`initial` must be a ciclo.Elapsed"):
+        list(ciclo.elapse([1, 2], initial=5))
+    with pytest.raises(TypeError, match=r"`dataset` must be iterable.*int"):
+        list(ciclo.elapse(5))
+    with pytest.raises(TypeError, match=r"batch_size_fn.*returned 'x'"):
+        list(ciclo.elapse([np.zeros(2)] * 2, batch_size_fn=lambda shapes: "x"))
+    with pytest.raises(TypeError, match=r"batch_size_fn.*returned 'x'"):
+        ciclo.loop(None, [np.zeros(2)] * 2, {ciclo.every(1): lambda: None},
+                   batch_size_fn=lambda shapes: "x")  # fmt: skip
+    with pytest.raises(TypeError, match=r"Elapsed.create\(steps=...\)` must be an int"):
+        ciclo.Elapsed.create(steps="a")
+    with pytest.raises(ValueError, match=r"Elapsed.create\(samples=...\)` must be"):
+        ciclo.Elapsed.create(samples=-1)
+
+
+def test_create_flax_state_with_an_uncalled_or_named_optimizer_names_tx():
+    import flax.linen as nn
+
+    x = np.ones((1, 3), np.float32)
+    xent = optax.softmax_cross_entropy_with_integer_labels
+    for tx in (optax.adam, "adam"):
+        with pytest.raises(TypeError, match=r"`tx` must be an optax") as info:
+            ciclo.create_flax_state(nn.Dense(2), x, tx, losses={"loss": xent})
+        assert repr(tx)[:20] in str(info.value)
+    with pytest.raises(TypeError, match=r"did you mean optax.adam\(learning_rate"):
+        ciclo.create_flax_state(nn.Dense(2), x, optax.adam, losses={"loss": xent})

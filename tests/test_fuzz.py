@@ -30,7 +30,7 @@ def _leaf():
     piecewise = st.tuples(st.integers(1, 3), st.integers(1, 6), st.integers(1, 3)).map(
         lambda t: (
             ciclo.piecewise(ciclo.every(t[0]), {ciclo.at(t[1]): ciclo.every(t[2])}),
-            lambda s, a=t[0], k=t[1], b=t[2]: s % (a if s < k else b) == 0,
+            lambda s, a=t[0], k=t[1], b=t[2]: (s % a if s < k else (s - k) % b) == 0,
         )
     )
     return st.one_of(every, after, after_every, piecewise)

@@ -416,3 +416,25 @@ def test_callbacks_inner_loop():
     )
     steps, accuracy_test = history.collect("steps", "accuracy_test")
     assert steps == [0, 2] and len(accuracy_test) == 2
+
+
+def test_after_then_and_shift_elapsed_to_dict_and_positional_period_create():
+    # Ciclo 0.1.9 spellings: `after(n).then(s)` / `after(n) >> s` (a piece from
+    # n on, counting from n), `Elapsed.to_dict()`, `Period.create(steps, samples)`
+    def fired(schedule, n=14):
+        return [s for s in range(n) if schedule(ciclo.Elapsed.create(steps=s))]
+
+    assert fired(ciclo.after(5).then(ciclo.every(3))) == [5, 8, 11]
+    assert fired(ciclo.after(5) >> ciclo.every(3)) == [5, 8, 11]
+    assert fired(ciclo.after(2) >> (lambda e: e.steps == 1)) == [3]
+    e = ciclo.Elapsed.create(steps=3, samples=96)
+    d = e.to_dict()
+    assert d == {
+        "steps": 3,
+        "samples": 96,
+        "date": e.date,
+        "date_start": e.date_start,
+        "time": e.time,
+    }
+    assert ciclo.Period.create(None, 100) == ciclo.at(samples=100)
+    assert ciclo.Period.create(2, None, 1.5) == ciclo.at(2, time=1.5)

@@ -248,6 +248,20 @@ def test_piecewise_period_boundaries_and_plain_callables():
     assert "at(samples=24): never()" in repr(s)
 
 
+def test_a_piece_counts_from_its_boundary_as_in_ciclo_0_1():
+    # "from step 5, every 3": 5, 8, 11 (the original Ciclo's pieces got the
+    # elapsed since they started), also when a run resumes past the boundary
+    s = ciclo.piecewise(ciclo.never(), {5: ciclo.every(3)})
+    assert fired_steps(s, by_steps(14)) == [5, 8, 11]
+    assert fired_steps(s.fresh(), by_steps(7, start=7)) == [8, 11]
+    assert fired_steps(ciclo.after(5).every(3), by_steps(14)) == [5, 8, 11]
+    # a boundary in samples shifts the samples (8 per step: 40 at step 5)
+    s = ciclo.piecewise(
+        ciclo.never(), {ciclo.at(samples=40): lambda e: e.samples % 24 == 0}
+    )
+    assert fired_steps(s, by_steps(14)) == [5, 8, 11]
+
+
 def test_piecewise_stateful_piece_starts_at_its_boundary():
     s = ciclo.piecewise(ciclo.never(), {3: ciclo.every(samples=20)})
     # only the active piece is called: it fires on its first call (step 3, samples 24)
@@ -496,9 +510,20 @@ def model(spec, seq) -> list[bool]:
     out = [False] * len(seq)
     for i, child in enumerate(children):
         where = [j for j, p in enumerate(piece) if p == i]
-        for j, fire in zip(where, model(child, [seq[j] for j in where])):
+        # a piece counts from its boundary (in the boundary's field)
+        shifted = [
+            seq[j] if i == 0 else counted_from(seq[j], keys[i - 1]) for j in where
+        ]
+        for j, fire in zip(where, model(child, shifted)):
             out[j] = fire
     return out
+
+
+def counted_from(e, key):
+    """`e` with the boundary `key` (int steps, or at(samples=...)) subtracted."""
+    if isinstance(key, int):
+        return ciclo.Elapsed(e.steps - key, e.samples, e.date, e.date_start)
+    return ciclo.Elapsed(e.steps, e.samples - key.samples, e.date, e.date_start)
 
 
 @FEW

@@ -240,4 +240,16 @@ def _require_tx(tx: Any) -> optax.GradientTransformation:
             "create_flax_state needs an optimizer: tx=optax.adam(1e-3) (any optax "
             "GradientTransformation)."
         )
+    if not (
+        callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))
+    ):
+        hint = ""
+        name = getattr(tx, "__name__", None)
+        if callable(tx) and getattr(tx, "__module__", "").startswith("optax"):
+            hint = f" (did you mean optax.{name}(learning_rate=...)?)"
+        raise TypeError(
+            f"create_flax_state: `tx` must be an optax GradientTransformation "
+            f"(with `init` and `update`), e.g. optax.adam(1e-3); got {tx!r:.80} "
+            f"({type(tx).__name__}){hint}."
+        )
     return tx

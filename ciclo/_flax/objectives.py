@@ -92,7 +92,7 @@ def _check_names(losses: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
                 raise TypeError(f"`{kind}` names must be non-empty str, got {name!r}.")
             if name in RESERVED:
                 raise ValueError(
-                    f"{kind[:-1]} name {name!r} is reserved (it is an argument "
+                    f"{'loss' if kind == 'losses' else 'metric'} name {name!r} is reserved (it is an argument "
                     f"losses and metrics receive: {sorted(RESERVED)}); rename it."
                 )
     both = sorted(set(losses) & set(metrics))

@@ -5,6 +5,7 @@ batch on its way to a step: its placed copy, its pass end, its data position).""
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -116,6 +117,25 @@ def host_copy(batch: Any) -> Any:
     return jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, batch)
 
 
+def _checked_size(size: Any, batch_size_fn: Callable[..., Any]) -> int:
+    """A `batch_size_fn` result that is not a plain int: a numpy or jax integer
+    (or a 0-d integer array) as an int; anything else an error naming it."""
+    dtype = getattr(size, "dtype", None)
+    integral = isinstance(size, numbers.Integral) and not isinstance(size, bool)
+    if not integral and (
+        dtype is None or getattr(size, "shape", None) != () or dtype.kind not in "iu"
+    ):
+        name = getattr(batch_size_fn, "__qualname__", repr(batch_size_fn))
+        raise TypeError(
+            f"`batch_size_fn` ({name}) returned {size!r} ({type(size).__name__}); "
+            f"it must return the batch's number of samples, an int, given the list "
+            f"of the batch's leaf shapes (e.g. lambda shapes: shapes[0][0])."
+        )
+    if int(size) < 0:
+        raise ValueError(f"`batch_size_fn` returned a negative size: {size!r}.")
+    return int(size)
+
+
 def placed_for(item: Item | None, strategy: Any) -> Any:
     """The copy of `item`'s batch placed for `strategy`, or None (not read
     ahead, or read ahead for another strategy): the step then places the batch
@@ -178,7 +198,10 @@ def batch_size(
     `batch_size_fn`, when given, receives the list of leaf shapes and decides.
     """
     if batch_size_fn is not None:
-        return int(batch_size_fn(batch_shapes(batch)))
+        size = batch_size_fn(batch_shapes(batch))
+        if type(size) is int and size >= 0:
+            return size
+        return _checked_size(size, batch_size_fn)
     size = 0
     kind = type(batch)
     if kind is tuple or kind is list or kind is dict:  # (x, y), {"x": x}: no flatten

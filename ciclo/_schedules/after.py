@@ -68,6 +68,25 @@ class After(Schedule):
         unit, amount = one_unit("every", steps, samples, time)
         return AfterEvery(self.period, unit, amount)
 
+    def then(self, schedule: Any) -> Schedule:
+        """`schedule` from this point on, given `elapsed` counted from it (Ciclo
+        0.1's spelling, also `after(n) >> schedule`): `piecewise(never(),
+        {period: schedule})`.
+
+        Example:
+            >>> import ciclo
+            >>> s = ciclo.after(5) >> ciclo.every(3)
+            >>> [step for step in range(14) if s(ciclo.Elapsed.create(steps=step))]
+            [5, 8, 11]
+        """
+        from ciclo._schedules.constant import never
+        from ciclo._schedules.piecewise import piecewise
+
+        return piecewise(never(), {self.period: schedule})
+
+    def __rshift__(self, schedule: Any) -> Schedule:
+        return self.then(schedule)
+
     def fresh(self) -> After:
         return self  # stateless
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule, ScheduleLike, fresh
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, new_elapsed
 
 __all__ = ["Piecewise", "piecewise"]
 
@@ -33,10 +33,12 @@ class Piecewise(Schedule):
         self.schedules = tuple(schedules)
 
     def __call__(self, elapsed: Elapsed) -> bool:
-        active = self.initial
+        active, start = self.initial, None
         for period, schedule in zip(self.periods, self.schedules):
             if elapsed >= period:
-                active = schedule
+                active, start = schedule, period
+        if start is not None:  # the piece counts from its boundary
+            elapsed = since(elapsed, start)
         return bool(active(elapsed))
 
     def fresh(self) -> Piecewise:
@@ -49,6 +51,28 @@ class Piecewise(Schedule):
             f"{_key_repr(p)}: {s!r}" for p, s in zip(self.periods, self.schedules)
         )
         return f"piecewise({self.initial!r}, {{{pieces}}})"
+
+
+def since(elapsed: Elapsed, start: Period) -> Elapsed:
+    """`elapsed` counted from `start` in the fields `start` names (steps, samples,
+    time); the others as they are. Never negative: a boundary reached in one field
+    may not be in another.
+
+    Example:
+        >>> import ciclo
+        >>> from ciclo._schedules.piecewise import since
+        >>> e = since(ciclo.Elapsed.create(steps=7, samples=70), ciclo.at(5))
+        >>> e.steps, e.samples
+        (2, 70)
+    """
+    steps, samples, date_start = elapsed.steps, elapsed.samples, elapsed.date_start
+    if start.steps is not None:
+        steps = max(steps - start.steps, 0)
+    if start.samples is not None:
+        samples = max(samples - start.samples, 0)
+    if start.time is not None:
+        date_start = min(date_start + start.time, elapsed.date)
+    return new_elapsed(steps, samples, elapsed.date, date_start)
 
 
 def _boundary(key: Any) -> Period:
@@ -84,7 +108,11 @@ def piecewise(
     the schedule of the LAST one reached, in the dict's order, decides; before any
     is reached, `initial_schedule` decides. Give the boundaries in increasing order
     (an int means steps; a `ciclo.Period` such as `ciclo.at(samples=10_000)` any
-    point in time). Only the active schedule is called, so a stateful one (e.g.
+    point in time). A piece's schedule is given `elapsed` counted from its
+    boundary, in the boundary's fields (as the original Ciclo's pieces counted
+    from where they started): `{5: ciclo.every(3)}` fires at steps 5, 8, 11,
+    like `ciclo.after(5).every(3)`, and does so again when a run is resumed past
+    5. Only the active schedule is called, so a stateful one (e.g.
     `every(samples=...)`) starts counting when its piece starts: it fires on the
     piece's first call. Values may be any schedule or plain callable.
 
@@ -107,6 +135,9 @@ def piecewise(
         piecewise(every(steps=1), {4: every(steps=2), 8: every(steps=4)})
         >>> [step for step in range(14) if s(ciclo.Elapsed.create(steps=step))]
         [0, 1, 2, 3, 4, 6, 8, 12]
+        >>> s = ciclo.piecewise(ciclo.never(), {5: ciclo.every(3)})  # from step 5
+        >>> [step for step in range(14) if s(ciclo.Elapsed.create(steps=step))]
+        [5, 8, 11]
     """
     if not callable(initial_schedule):
         raise TypeError(
