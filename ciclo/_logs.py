@@ -169,7 +169,17 @@ class Logs(dict):
         Raises:
             ValueError: if `aggregation` is not one of `MODES` (nothing is added).
         """
-        items = _checked_items(values, kwargs, aggregation, collection, "add_entries")
+        return self._add_many(collection, values, kwargs, aggregation, "add_entries")
+
+    def _add_many(
+        self,
+        collection: str,
+        values: Mapping[str, Any] | None,
+        kwargs: dict[str, Any],
+        aggregation: str | None,
+        method: str,
+    ) -> Logs:
+        items = _checked_items(values, kwargs, aggregation, collection, method)
         for name, value in items:
             self.add_entry(collection, name, value, aggregation=aggregation)
         return self
@@ -195,25 +205,10 @@ class Logs(dict):
         aggregation: str | None = None,
         **kwargs: Any,
     ) -> Logs:
-        """Adds several entries to the `metrics` collection.
-
-        Args:
-            values: entries `name -> value` (the form for an entry named
-                `"aggregation"`, a reserved keyword here).
-            aggregation: the declared mode of every entry added (see the class
-                docstring); None declares nothing.
-            **kwargs: more entries `name=value`.
-
-        Returns:
-            This `Logs` (calls chain).
-
-        Raises:
-            ValueError: if `aggregation` is not one of `MODES` (nothing is added).
-        """
-        items = _checked_items(values, kwargs, aggregation, METRICS, "add_metrics")
-        for name, value in items:
-            self.add_entry(METRICS, name, value, aggregation=aggregation)
-        return self
+        """Adds several entries to the `metrics` collection (as `add_entries`:
+        `aggregation` declared for each; an entry named `"aggregation"` goes in
+        the dict form)."""
+        return self._add_many(METRICS, values, kwargs, aggregation, "add_metrics")
 
     def add_loss(
         self,
@@ -281,27 +276,12 @@ class Logs(dict):
         aggregation: str | None = None,
         **kwargs: Any,
     ) -> Logs:
-        """Adds several entries to the `stateful_metrics` collection.
-
-        Args:
-            values: entries `name -> value` (the form for an entry named
-                `"aggregation"`, a reserved keyword here).
-            aggregation: the declared mode of every entry added (see the class
-                docstring); None declares nothing.
-            **kwargs: more entries `name=value`.
-
-        Returns:
-            This `Logs` (calls chain).
-
-        Raises:
-            ValueError: if `aggregation` is not one of `MODES` (nothing is added).
-        """
-        items = _checked_items(
-            values, kwargs, aggregation, STATEFUL_METRICS, "add_stateful_metrics"
+        """Adds several entries to `stateful_metrics` (as `add_entries`:
+        `aggregation` declared for each; an entry named `"aggregation"` goes in
+        the dict form)."""
+        return self._add_many(
+            STATEFUL_METRICS, values, kwargs, aggregation, "add_stateful_metrics"
         )
-        for name, value in items:
-            self.add_entry(STATEFUL_METRICS, name, value, aggregation=aggregation)
-        return self
 
     def add_output(
         self, name: str, value: Any, *, aggregation: str | None = None
@@ -318,25 +298,10 @@ class Logs(dict):
         aggregation: str | None = None,
         **kwargs: Any,
     ) -> Logs:
-        """Adds several entries to the `outputs` collection.
-
-        Args:
-            values: entries `name -> value` (the form for an entry named
-                `"aggregation"`, a reserved keyword here).
-            aggregation: the declared mode of every entry added (see the class
-                docstring); None declares nothing.
-            **kwargs: more entries `name=value`.
-
-        Returns:
-            This `Logs` (calls chain).
-
-        Raises:
-            ValueError: if `aggregation` is not one of `MODES` (nothing is added).
-        """
-        items = _checked_items(values, kwargs, aggregation, OUTPUTS, "add_outputs")
-        for name, value in items:
-            self.add_entry(OUTPUTS, name, value, aggregation=aggregation)
-        return self
+        """Adds several entries to the `outputs` collection (as `add_entries`:
+        `aggregation` declared for each; an entry named `"aggregation"` goes in
+        the dict form)."""
+        return self._add_many(OUTPUTS, values, kwargs, aggregation, "add_outputs")
 
     # -- combining ----------------------------------------------------------------
     def merge(self, other: Mapping[str, Mapping[str, Any]] | None) -> Logs:
