@@ -29,6 +29,18 @@ from ciclo._loop.state import Apply, LoopState
 ALWAYS = ciclo.every(1)
 BATCHES = 6
 
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_as_in_a_terminal():
+    """Python's own SIGINT handler, as in a terminal: a run started as a
+    background job of a non-interactive shell inherits SIGINT ignored, and ciclo
+    (rightly) leaves a disposition that is not Python's default alone."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
 WATCHED = {
     f.__code__
     for f in (

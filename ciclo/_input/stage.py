@@ -42,7 +42,6 @@ from ciclo._input.passes import Passes, one_pass, train_data
 from ciclo._input.prefetch import ahead, placer
 from ciclo._input.resume import Start, checkpointable
 from ciclo._period import Period
-from ciclo._strategies.registry import strategy_of
 from ciclo._time import Elapsed
 
 __all__ = ["Inputs", "inputs"]
@@ -282,8 +281,11 @@ def sample_counter(
     (or the largest first axis), times the process-local slices that make one
     global batch under the state's strategy (multi-process `"sharded"`: each
     process counts what all of them feed, as the single-process run does)."""
-    strategy = strategy_of(state)
-    slices = getattr(strategy, "_batch_slices", None)
+    if getattr(state, "strategy", None) is None:  # no strategy: whole batches
+        return batch_size_fn
+    from ciclo._strategies.registry import strategy_of  # (lazily: optional deps)
+
+    slices = getattr(strategy_of(state), "_batch_slices", None)
     factor = 1 if slices is None else int(slices())
     if factor == 1:
         return batch_size_fn
