@@ -41,6 +41,7 @@ def _ctrl_c_as_in_a_terminal():
     finally:
         signal.signal(signal.SIGINT, previous)
 
+
 WATCHED = {
     f.__code__
     for f in (
