@@ -59,6 +59,25 @@ def test_resume_in_one_line_continues_exactly(tmp_path):
     assert resumed[2].time >= first[2].time  # training time carries over
 
 
+def test_a_resumed_run_cut_by_ctrl_c_before_its_first_step_is_not_called_finished(
+    tmp_path,
+):
+    # "nothing left to train" is for re-running a finished run (API.md §11); a
+    # resumed run that Ctrl-C stops in its first step is not one (pytest turns
+    # the warning into an error)
+    ciclo.train_loop(worker.init_state(), factory, TASKS, stop=6, resume=tmp_path,
+                     **KWARGS)  # fmt: skip
+
+    def cut(state):
+        raise KeyboardInterrupt
+
+    _, history, elapsed = ciclo.train_loop(
+        worker.init_state(), factory, {**TASKS, ciclo.on_train_batch_begin: cut},
+        stop=worker.STEPS, resume=tmp_path, **KWARGS,
+    )  # fmt: skip
+    assert elapsed.steps == 6 and history.collect("steps")[-1] == 5
+
+
 def test_plain_iterable_is_skipped_forward_with_a_warning(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path, resume=True)
     ciclo.train_loop(

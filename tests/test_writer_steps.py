@@ -51,6 +51,41 @@ def test_a_loop_started_past_zero_keeps_earlier_rows_and_replaces_later_ones(tmp
     assert [int(r["completed"]) for r in rows] == list(range(1, 11))
 
 
+def test_a_resumed_loop_cut_before_its_first_row_still_drops_the_later_rows(tmp_path):
+    # a run logged steps 0..7, then "crashed"; the resumed run (from the
+    # checkpoint of step 5) gets Ctrl-C before it commits a row: the files hold
+    # the history's rows, 0..4, not the crashed run's 5..7 (API.md §6)
+    pytest.importorskip("tensorboardX", reason="needs ciclo[tensorboard]")
+    pytest.importorskip("tensorboard", reason="reading events needs tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+    )
+
+    j, c, tb = tmp_path / "log.jsonl", tmp_path / "log.csv", tmp_path / "tb"
+
+    def writers():
+        return [ciclo.jsonl_logger(j), ciclo.csv_logger(c), ciclo.tensorboard(tb)]
+
+    ciclo.loop(None, range(8), {ciclo.every(1): [step, *writers()]})
+
+    def cut(state, batch):
+        raise KeyboardInterrupt
+
+    _, history, elapsed = ciclo.loop(
+        None,
+        [100 + s for s in range(5, 10)],
+        {ciclo.every(1): [cut, step, *writers()]},
+        elapsed=ciclo.Elapsed.create(steps=5),
+    )
+    assert elapsed.steps == 5 and len(history) == 0
+    assert [r["steps"] for r in read_jsonl(j)] == [0, 1, 2, 3, 4]
+    with open(c, newline="") as file:
+        assert [int(r["steps"]) for r in csv.DictReader(file)] == [0, 1, 2, 3, 4]
+    events = EventAccumulator(str(tb))
+    events.Reload()  # the restart marker at 6 hides the crashed run's 6, 7, 8
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5]
+
+
 def test_a_fresh_loop_truncates_and_append_keeps_everything(tmp_path):
     j = tmp_path / "log.jsonl"
     ciclo.loop(None, range(4), {ciclo.every(1): [step, ciclo.jsonl_logger(j)]})

@@ -261,7 +261,8 @@ def train_loop(
                 return state, history, reached
             raise
     if start_at.source is not None and result[2].steps == start.steps:
-        nothing_left("train_loop", start_at, start)
+        if data.empty or (stop_at is not None and stop_at.reached(start)):
+            nothing_left("train_loop", start_at, start)  # (not a cut-short run)
     elif data.empty and not (stop_at is not None and stop_at.reached(start)):
         warn(
             f"train_loop: `dataset` yielded no batch (starting at step "

@@ -115,6 +115,9 @@ class _FileWriter(Writer):
         """Rewrites the file with its rows of steps below `start` (atomically)."""
         raise NotImplementedError
 
+    def _begin(self) -> None:
+        self._open([])
+
     def _close(self) -> None:
         file, self._file = self._file, None
         if file is not None:

@@ -144,9 +144,25 @@ class tensorboard(Writer):
             f"first before the second starts."
         )
 
+    def _begin(self) -> None:
+        self._events_file([])
+
     def _write(self, rows: list[Row]) -> None:
         if not rows:
             return
+        events = self._events_file(rows)
+        file = _file_of(events)
+        if file is not None:  # the rows' records encoded here, one write
+            file.write(self._records(rows))
+        else:  # another tensorboardX layout: an event proto per row
+            self._write_events(events, rows)
+        self.rows_written += len(rows)
+        _flush(events)  # to the OS now: a killed process keeps its rows
+
+    def _events_file(self, rows: list[Row]) -> Any:
+        """The writer's event file, opened at its first write (`rows`: that
+        write's), which starts with a restart marker hiding what a crashed run
+        logged from the start step on."""
         events = self._events
         if events is None:  # an event file of its own (a resumed run: a new one)
             self._claim()
@@ -166,13 +182,8 @@ class tensorboard(Writer):
                         ),
                     )
                 )
-        file = _file_of(events)
-        if file is not None:  # the rows' records encoded here, one write
-            file.write(self._records(rows))
-        else:  # another tensorboardX layout: an event proto per row
-            self._write_events(events, rows)
-        self.rows_written += len(rows)
-        _flush(events)  # to the OS now: a killed process keeps its rows
+                _flush(events)
+        return events
 
     def _records(self, rows: list[Row]) -> bytes:
         """The TFRecord-framed `Event`s of `rows` (each a `Summary` of its

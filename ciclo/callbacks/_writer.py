@@ -277,6 +277,10 @@ class Writer(LoopElement):
             rows = self._final_rows(loop_state)
             if rows:
                 self._write(rows)
+            elif not self._opened and self._start is not None:
+                # a loop that wrote no row (Ctrl-C before the first one): the
+                # output still drops what an earlier run wrote from its start on
+                self._begin()
         finally:
             self._marks.clear()
             self._history = self._seen_at = None
@@ -436,6 +440,10 @@ class Writer(LoopElement):
     # -- output (subclasses) --------------------------------------------------------
     def _write(self, rows: list[Row]) -> None:
         raise NotImplementedError
+
+    def _begin(self) -> None:
+        """Starts the output without a row (as the first write would: what an
+        earlier run wrote from the start step on is dropped)."""
 
     def _close(self) -> None:
         raise NotImplementedError
