@@ -78,6 +78,29 @@ def test_a_resumed_run_cut_by_ctrl_c_before_its_first_step_is_not_called_finishe
     assert elapsed.steps == 6 and history.collect("steps")[-1] == 5
 
 
+def test_rerunning_a_finished_run_reads_no_batch_of_a_plain_iterator(tmp_path):
+    # a notebook cell run again: nothing left to train, so the data is not read
+    # back (with a real loader that would cost a whole pass), and only that is said
+    ciclo.train_loop(worker.init_state(), factory, TASKS, stop=6, resume=tmp_path,
+                     **KWARGS)  # fmt: skip
+    read = []
+
+    def plain():
+        for batch in worker.TRAIN:
+            read.append(1)
+            yield batch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, history, elapsed = ciclo.train_loop(
+            worker.init_state(), plain(), TASKS, stop=6, resume=tmp_path, **KWARGS
+        )
+    assert elapsed.steps == 6 and len(history.collect("steps")) == 6
+    assert read == []
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "nothing left to train" in said[0], said
+
+
 def test_plain_iterable_is_skipped_forward_with_a_warning(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path, resume=True)
     ciclo.train_loop(

@@ -260,7 +260,9 @@ def inputs(
             bad `epochs` (see `one_pass` and `train_data`).
     """
     start_at = Start() if start_at is None else start_at
-    if reread:
+    if stop is not None and elapsed is not None and stop.reached(elapsed):
+        data = Passes.once(iter(()))  # nothing left: no batch is read (back)
+    elif reread:
         data = train_data(dataset, epochs, epoch_duration, elapsed, start_at)
     else:
         data = one_pass(dataset, elapsed, start_at)
