@@ -121,6 +121,37 @@ class Period:
         return any_field(elapsed, self, operator.ge)
 
 
+def check_amount(function: str, unit: str, value: Any, *, positive: bool) -> Any:
+    """Validates an amount of `unit` given to `function`; returns it normalised.
+
+    `steps` and `samples` must be ints; `time` a number of seconds or a `timedelta`
+    (converted to seconds). Amounts are never negative, and not zero if `positive`.
+    """
+    where = f"ciclo.{function}({unit}=...)"
+    if unit == "time":
+        if isinstance(value, datetime.timedelta):
+            value = value.total_seconds()
+        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"`{where}` must be a number of seconds or a datetime.timedelta; got "
+                f"{value!r} ({type(value).__name__})."
+            )
+        if not math.isfinite(value):
+            raise ValueError(
+                f"`{where}` must be a finite number of seconds; got {value!r}."
+            )
+    else:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(
+                f"`{where}` must be an int; got {value!r} ({type(value).__name__})."
+            )
+        value = int(value)
+    if value < 0 or (positive and value == 0):
+        expected = "positive (> 0)" if positive else "non-negative (>= 0)"
+        raise ValueError(f"`{where}` must be {expected}; got {value!r}.")
+    return value
+
+
 def at(
     steps: int | None = None,
     *,

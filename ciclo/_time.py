@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from ciclo._input.batch import Steps, batch_size
-from ciclo._period import Period, any_field, as_period
+from ciclo._period import Period, any_field, as_period, check_amount
 
 __all__ = ["Elapsed", "elapse", "new_elapsed"]
 
@@ -69,7 +69,8 @@ class Elapsed:
             >>> ciclo.Elapsed.create(steps=5).steps
             5
         """
-        steps, samples = _count("steps", steps), _count("samples", samples)
+        steps = check_amount("Elapsed.create", "steps", steps, positive=False)
+        samples = check_amount("Elapsed.create", "samples", samples, positive=False)
         now = _time.time()
         return new_elapsed(steps, samples, now, now)
 
@@ -162,21 +163,6 @@ class Elapsed:
 
     def __hash__(self) -> int:
         return hash((self.steps, self.samples, self.date, self.date_start))
-
-
-def _count(name: str, value: Any) -> int:
-    """`Elapsed.create`'s `steps` / `samples`: an int >= 0 (numpy ints too)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"`Elapsed.create({name}=...)` must be an int, got {value!r} "
-            f"({type(value).__name__})."
-        )
-    if value < 0:
-        raise ValueError(
-            f"`Elapsed.create({name}=...)` must be >= 0 (what was consumed), got "
-            f"{value!r}."
-        )
-    return int(value)
 
 
 def new_elapsed(steps: int, samples: int, date: float, date_start: float) -> Elapsed:

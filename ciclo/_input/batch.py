@@ -117,6 +117,21 @@ def host_copy(batch: Any) -> Any:
     return jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, batch)
 
 
+def shapes_size(
+    shapes: list[tuple[int, ...]],
+    batch_size_fn: Callable[[list[tuple[int, ...]]], int] | None = None,
+) -> int:
+    """The number of samples of a batch whose leaves have `shapes`:
+    `batch_size_fn(shapes)` (checked), else the largest first axis (1 when no
+    leaf has one), as `batch_size`."""
+    if batch_size_fn is None:
+        return max((shape[0] for shape in shapes if shape), default=0) or 1
+    size = batch_size_fn(shapes)
+    if type(size) is int and size >= 0:
+        return size
+    return _checked_size(size, batch_size_fn)
+
+
 def _checked_size(size: Any, batch_size_fn: Callable[..., Any]) -> int:
     """A `batch_size_fn` result that is not a plain int: a numpy or jax integer
     (or a 0-d integer array) as an int; anything else an error naming it."""
@@ -198,10 +213,7 @@ def batch_size(
     `batch_size_fn`, when given, receives the list of leaf shapes and decides.
     """
     if batch_size_fn is not None:
-        size = batch_size_fn(batch_shapes(batch))
-        if type(size) is int and size >= 0:
-            return size
-        return _checked_size(size, batch_size_fn)
+        return shapes_size(batch_shapes(batch), batch_size_fn)
     size = 0
     kind = type(batch)
     if kind is tuple or kind is list or kind is dict:  # (x, y), {"x": x}: no flatten

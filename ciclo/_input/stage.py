@@ -36,7 +36,7 @@ import collections
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ciclo._input.batch import Item, Steps, items_of
+from ciclo._input.batch import Item, Steps, items_of, shapes_size
 from ciclo._input.fused import groups
 from ciclo._input.passes import Passes, one_pass, train_data
 from ciclo._input.prefetch import ahead, placer
@@ -292,9 +292,4 @@ def sample_counter(
     if factor == 1:
         return batch_size_fn
 
-    def counted(shapes: list[tuple[int, ...]]) -> int:
-        if batch_size_fn is not None:
-            return int(batch_size_fn(shapes)) * factor
-        return (max((s[0] for s in shapes if s), default=0) or 1) * factor
-
-    return counted
+    return lambda shapes: shapes_size(shapes, batch_size_fn) * factor

@@ -289,17 +289,12 @@ def _warn_off_boundary(
     n = int(n)
     if n <= 0 or n % k == 0:
         return
-    first, ends, at = int(start.steps), [], int(start.steps)
-    multiple = (first // n + 1) * n
     limit = None if stop is None or stop.steps is None else int(stop.steps)
-    while len(ends) < 3:
-        while at < multiple:
-            at += k
-        if limit is not None and at >= limit:
-            ends.append(limit)
-            break
-        ends.append(at)
-        multiple = (at // n + 1) * n
+    ends, at = [], int(start.steps)  # calls end at `start + j * k`
+    while len(ends) < 3 and (limit is None or at < limit):
+        multiple = (at // n + 1) * n  # the next epoch end in steps
+        at += -(-(multiple - at) // k) * k  # the first call reaching it
+        ends.append(at if limit is None else min(at, limit))
     warn(
         f"train_loop: epoch_duration={n} is not a multiple of steps_per_call={k}: "
         f"epochs end at call boundaries, after steps {', '.join(map(str, ends))}"

@@ -3,47 +3,15 @@
 from __future__ import annotations
 
 import datetime
-import math
-import numbers
 from typing import Any
 
+from ciclo._period import check_amount
 from ciclo._schedules.base import Schedule
 from ciclo._time import Elapsed
 
 __all__ = ["Every", "every"]
 
 UNITS = ("steps", "samples", "time")
-
-
-def check_amount(function: str, unit: str, value: Any, *, positive: bool) -> Any:
-    """Validates an amount of `unit` given to `function`; returns it normalised.
-
-    `steps` and `samples` must be ints; `time` a number of seconds or a `timedelta`
-    (converted to seconds). Amounts are never negative, and not zero if `positive`.
-    """
-    where = f"ciclo.{function}({unit}=...)"
-    if unit == "time":
-        if isinstance(value, datetime.timedelta):
-            value = value.total_seconds()
-        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(
-                f"`{where}` must be a number of seconds or a datetime.timedelta; got "
-                f"{value!r} ({type(value).__name__})."
-            )
-        if not math.isfinite(value):
-            raise ValueError(
-                f"`{where}` must be a finite number of seconds; got {value!r}."
-            )
-    else:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(
-                f"`{where}` must be an int; got {value!r} ({type(value).__name__})."
-            )
-        value = int(value)
-    if value < 0 or (positive and value == 0):
-        expected = "positive (> 0)" if positive else "non-negative (>= 0)"
-        raise ValueError(f"`{where}` must be {expected}; got {value!r}.")
-    return value
 
 
 def one_unit(function: str, steps: Any, samples: Any, time: Any) -> tuple[str, Any]:

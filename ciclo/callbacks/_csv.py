@@ -96,7 +96,6 @@ class _FileWriter(Writer):
 
     def _open(self, rows: list[Row]) -> TextIO:
         if self._file is None:
-            self._claim()
             directory = os.path.dirname(self.path)
             if directory:
                 os.makedirs(directory, exist_ok=True)

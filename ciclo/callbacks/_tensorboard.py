@@ -165,7 +165,6 @@ class tensorboard(Writer):
         logged from the start step on."""
         events = self._events
         if events is None:  # an event file of its own (a resumed run: a new one)
-            self._claim()
             os.makedirs(self.logdir, exist_ok=True)
             suffix = f".{os.getpid()}.{next(_FILES)}{self._suffix}"
             events = self._events = self._files.EventsWriter(
