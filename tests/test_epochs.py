@@ -290,3 +290,25 @@ def test_epochs_resume_skips_consumed_batches_across_passes(tmp_path):
     state, _, elapsed = run(epochs=3)
     assert (int(state), elapsed.steps) == (18, 9)
     np.testing.assert_equal(int(state), 3 * 6)
+
+
+def test_each_epoch_makes_one_iterator_of_a_reiterable_dataset():
+    """A loader makes one iterator per epoch, as in a plain `for` loop: a
+    shuffled PyTorch DataLoader draws its seed (and starts its workers) at
+    `iter()`, so an iterator made and dropped would change every epoch's order."""
+
+    class Loader:
+        def __init__(self):
+            self.iterators = 0
+
+        def __iter__(self):
+            self.iterators += 1
+            offset = 10 * self.iterators  # each iterator its own batches
+            return iter([offset + 1, offset + 2])
+
+    loader = Loader()
+    _, history, _ = ciclo.train_loop(
+        0, loader, {ciclo.on_train_step: train_step}, epochs=3
+    )
+    assert loader.iterators == 3
+    assert history.collect("seen") == [11, 12, 21, 22, 31, 32]

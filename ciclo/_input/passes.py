@@ -128,8 +128,14 @@ def passes(dataset: Any, epochs: int | None, where: str) -> Passes | None:
     """
     if zero_argument_factory(dataset):
         return Passes(lambda: iterate(dataset(), "`dataset()` returned"), epochs)
-    if isinstance(dataset, Iterable) and iter(dataset) is not dataset:
-        return Passes(lambda: iter(dataset), epochs)
+    if isinstance(dataset, Iterable):
+        first = iter(dataset)
+        if first is not dataset:
+            # the iterator made to tell is the first pass's: a loader makes no
+            # iterator it does not use (a shuffled DataLoader draws its seed and
+            # starts its workers at `iter()`, so the passes are a plain loop's)
+            unused = [first]
+            return Passes(lambda: unused.pop() if unused else iter(dataset), epochs)
     if epochs is not None and callable(dataset):
         raise TypeError(
             f"{where}: with `epochs`, a callable `dataset` must be a zero-argument "
