@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -169,9 +170,12 @@ def items_of(
     its `n`), shared by the readers of consecutive passes; nothing is read once
     it is 0."""
     get_state = iterator.get_state if positions else None
+    convert = None  # whether the batches hold torch/TensorFlow tensors: the first says
     if left is None and get_state is None:  # the common case, kept lean
         for batch in iterator:
-            yield Item(batch)
+            if convert is None:
+                convert = foreign(batch)
+            yield Item(as_numpy(batch) if convert else batch)
         return
     while left is None or left[0] > 0:
         try:
@@ -180,7 +184,52 @@ def items_of(
             return
         if left is not None:
             left[0] -= batch.n if type(batch) is Steps else 1
+        if convert is None:
+            convert = foreign(batch)
+        if convert:
+            batch = as_numpy(batch)
         yield Item(batch, None if get_state is None else get_state())
+
+
+def _tensor_types() -> tuple[type, ...]:
+    """The tensor types of the frameworks already imported (none is imported
+    here): `torch.Tensor`, TensorFlow's `tf.Tensor`."""
+    types = []
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(getattr(torch, "Tensor", None), type):
+        types.append(torch.Tensor)
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(getattr(tf, "Tensor", None), type):
+        types.append(tf.Tensor)
+    return tuple(types)
+
+
+def foreign(batch: Any) -> bool:
+    """Whether `batch` holds torch or TensorFlow tensors (a PyTorch
+    `DataLoader`'s default collate, a `tf.data` dataset iterated as is), which
+    jitted steps do not take: the input stage gives them as numpy arrays."""
+    types = _tensor_types()
+    return bool(types) and any(isinstance(x, types) for x in jax.tree.leaves(batch))
+
+
+def as_numpy(batch: Any) -> Any:
+    """`batch` with its torch / TensorFlow tensors as numpy arrays: a CPU tensor's
+    array shares its memory (no copy); a GPU tensor, or one that requires grad,
+    is copied to the host."""
+    types = _tensor_types()
+
+    def host(x: Any) -> Any:
+        if not isinstance(x, types):
+            return x
+        to_numpy = getattr(x, "numpy", None)
+        if to_numpy is None:
+            return np.asarray(x)
+        try:
+            return to_numpy(force=True)  # torch: detached, on the host
+        except TypeError:  # TensorFlow's takes no `force`
+            return to_numpy()
+
+    return jax.tree.map(host, batch)
 
 
 def _leaves(batch: Any) -> list[Any]:
