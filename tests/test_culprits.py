@@ -105,3 +105,18 @@ def test_a_schedule_may_return_numpy_and_0d_bools():
     }
     ciclo.loop(0, range(3), schedules)
     assert seen == ["np", "0d", "np", "int"]
+
+
+def test_a_fused_batch_leaf_that_does_not_stack_is_named_not_the_dataset():
+    """A string leaf cannot be stacked into a fused call: the error names the
+    leaf and the fix, and the note blames the input stage, not the dataset
+    (which yielded its batches without error)."""
+    batches = [{"x": np.full(2, i, np.float32), "name": f"b{i}"} for i in range(6)]
+    step = lambda state, batch: (ciclo.logs().add_loss("loss", 0.0), state)
+    with pytest.raises(TypeError, match=r"batch\['name'\] holds str") as info:
+        ciclo.loop(0, batches, {ciclo.every(1): step}, steps_per_call=2, stop=6)
+    assert "without steps_per_call" in str(info.value)
+    assert "by the input stage, stacking the batches of the fused call from step 0" in (
+        note(info.value)
+    )
+    assert "dataset" not in note(info.value)

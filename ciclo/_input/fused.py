@@ -110,11 +110,40 @@ class _Group:
 
     def steps(self) -> Steps:
         n = self.n
-        stacked = [
-            _stack_values(slot) if type(slot) is list else slot[:n]
-            for slot in self.slots
-        ]
+        stacked = []
+        for i, slot in enumerate(self.slots):
+            if type(slot) is not list:
+                stacked.append(slot[:n])
+                continue
+            try:
+                stacked.append(_stack_values(slot))
+            except (TypeError, ValueError) as error:
+                raise self._unstackable(i, slot[0], error) from error
         return Steps(_rebuild(self.how, stacked), n, self.samples)
+
+    def _unstackable(self, i: int, value: Any, error: Exception) -> TypeError:
+        """The error for leaf `i`, whose values (`value` the first) do not stack:
+        named as the input stage's (the loop's note), not the dataset's."""
+        how = self.how
+        if how is tuple or how is list:
+            path = f"[{i}]"
+        elif type(how) is list:  # a dict's keys
+            path = f"[{how[i]!r}]"
+        else:
+            leaves = jax.tree_util.tree_leaves_with_path(
+                jax.tree.unflatten(how, [0] * how.num_leaves)
+            )
+            path = jax.tree_util.keystr(leaves[i][0])
+        out = TypeError(
+            f"A fused call (steps_per_call) stacks each leaf of its batches into "
+            f"one array, but the leaf batch{path} holds {type(value).__name__} "
+            f"values ({value!r:.40}), which do not stack ({error}). Batches for "
+            f"fused steps hold numpy or jax arrays and numbers: drop or encode "
+            f"the other leaves in the data pipeline, or run without "
+            f"steps_per_call."
+        )
+        out.ciclo_stage = "stacking the batches of the fused call"
+        return out
 
 
 def _stack_values(xs: list[Any]) -> Any:
