@@ -10,8 +10,9 @@ one way:
         per epoch; a resumed run positioned where it stopped (`resume.py`: a
         factory called with the start step, a checkpointable iterator given its
         saved state, a plain one read back)
-      → each pass's `Item`s (`batch.items_of`): the batch and the data position
-        after it; never read past a `stop` in steps
+      → each pass's `Item`s (`batch.items_of`): the batch (torch / TensorFlow
+        tensors as numpy arrays) and the data position after it; never read past
+        a `stop` in steps
       → fused calls (`fused.groups`, `steps_per_call > 1`): each batch copied into
         its slot of a stack as it is read
       → read-ahead (`prefetch.ahead`, a state with a strategy and `prefetch`):
