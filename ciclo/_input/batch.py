@@ -13,7 +13,16 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["Item", "Steps", "batch_shapes", "batch_size", "items_of", "placed_for"]
+__all__ = [
+    "Item",
+    "Steps",
+    "as_numpy",
+    "batch_shapes",
+    "batch_size",
+    "foreign",
+    "items_of",
+    "placed_for",
+]
 
 
 class Steps:

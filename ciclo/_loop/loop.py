@@ -251,7 +251,9 @@ def _run(
         elif run.in_batch:
             at = f"at step {ls.elapsed.steps}" + (f" by {where}" if where else "")
         elif hasattr(error, "ciclo_stage"):  # the input stage's own (fused stack)
-            at = f"by the input stage, {error.ciclo_stage} from step {run.current.steps}"
+            at = (
+                f"by the input stage, {error.ciclo_stage} from step {run.current.steps}"
+            )
         else:  # the dataset (or read-ahead) raised fetching the next batch
             at = f"by the dataset, fetching the batch of step {run.current.steps}"
         kept = f"the history holds the {len(history)} rows committed before it"
