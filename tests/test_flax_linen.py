@@ -350,6 +350,13 @@ def test_data_parallel_equals_jit_on_4_devices():
             out[f"padded_{strategy}"], out["padded_reference"], rtol=1e-5,
             err_msg=strategy,
         )  # fmt: skip
+    # training on a padded batch: the same loss and parameters as `jit`
+    for strategy in ("data_parallel", "sharded"):
+        assert out[f"padded_train_{strategy}_diff"] < 1e-6, (strategy, out)
+        np.testing.assert_allclose(
+            out[f"padded_train_loss_{strategy}"], out["padded_train_loss_jit"],
+            rtol=1e-6, err_msg=strategy,
+        )  # fmt: skip
 
 
 def make_bn_dropout(key, strategy="jit"):

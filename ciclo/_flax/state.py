@@ -91,10 +91,12 @@ def _forward(
     logs, metric_states = state.config.objectives.evaluate(
         available, out.sown_losses, out.sown_metrics, state.metric_states
     )
-    if not training and b.sample_weight is not None:  # the batch's weight in
-        logs.add_entry(  # the test averages (padded rows weigh 0), summed
+    if b.sample_weight is not None:  # the batch's weight, summed across devices:
+        # each device's averages (and a train step's gradients) count by their
+        # slice's weight, and test averages by the batch's (padded rows weigh 0)
+        logs.add_entry(
             WEIGHTS, SAMPLE_WEIGHT, total_weight(b.sample_weight), aggregation="sum"
-        )  # across devices
+        )
     return logs, out, metric_states
 
 

@@ -37,7 +37,13 @@ from ciclo.managed._placement import (
     unpack,
     unpacking,
 )
-from ciclo.managed._step_logs import accumulate, grad_logs, reduce_logs, total_loss
+from ciclo.managed._step_logs import (
+    accumulate,
+    batch_weight,
+    grad_logs,
+    reduce_logs,
+    total_loss,
+)
 
 if TYPE_CHECKING:
     from ciclo._loop.state import LoopState
@@ -328,7 +334,12 @@ class ManagedStep(LoopElement):
 
             grads, (logs, new_state) = jax.grad(loss_fn, has_aux=True)(state.params)
             mean_grads = getattr(collectives, "mean_grads", None)
-            if mean_grads is None:
+            weight = batch_weight(logs)
+            if mean_grads is None and weight is not None:
+                # each device's gradient is of its slice's weighted mean: they
+                # combine weighted by the slices' weights, as its logs do
+                grads = collectives.weighted_mean(grads, weight)
+            elif mean_grads is None:
                 grads = collectives.mean(grads)
             else:  # e.g. kept in the parameters' sharding
                 grads = mean_grads(grads, new_state)

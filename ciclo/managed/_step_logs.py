@@ -28,7 +28,14 @@ from ciclo._logs import (
 from ciclo._loop.callback import describe, inject
 from ciclo._strategies.base import Collectives, is_stateful_metric
 
-__all__ = ["REDUCTIONS", "accumulate", "grad_logs", "reduce_logs", "total_loss"]
+__all__ = [
+    "REDUCTIONS",
+    "accumulate",
+    "batch_weight",
+    "grad_logs",
+    "reduce_logs",
+    "total_loss",
+]
 
 # collection -> how its entries are combined across devices; any other collection
 # is averaged, and an entry declared "sum", "min" or "max" is combined that way. Whatever the collection, a stateful metric (anything with `merge`)
@@ -52,7 +59,7 @@ def reduce_logs(logs: Logs, collectives: Collectives) -> Logs:
     declared = getattr(logs, "_aggregations", None)  # declared modes
     # a batch with sample weights: each device's losses and metrics stand for its
     # slice's total weight (padded rows weigh 0), so they are averaged by it
-    weight = logs.get(WEIGHTS, {}).get(SAMPLE_WEIGHT)
+    weight = batch_weight(logs)
     for collection, name, value in logs.entries():
         mode = declared.get((collection, name)) if declared else None
         if is_stateful_metric(value):
@@ -68,6 +75,13 @@ def reduce_logs(logs: Logs, collectives: Collectives) -> Logs:
         out.add_entry(collection, name, value)
     out._aggregations = declared
     return out
+
+
+def batch_weight(logs: Logs) -> Any:
+    """The batch's total sample weight the step logged (`weights.sample_weight`,
+    as a Flax state's steps do for a batch with `sample_weight`), else None."""
+    weights = logs.get(WEIGHTS)
+    return None if weights is None else weights.get(SAMPLE_WEIGHT)
 
 
 def accumulate(logs: Logs, state: Any) -> tuple[Logs, Any]:
