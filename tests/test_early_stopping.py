@@ -187,3 +187,32 @@ def test_numpy_numbers_are_accepted():
     ]
     # 1.8 does not beat the baseline by 0.5, 1.0 does; 0.9 and 0.8 do not beat 1.0
     assert stops == [False, False, False, True] and es.best == 1.0
+
+
+def test_a_resumed_run_stops_where_the_uninterrupted_one_does(tmp_path):
+    """The checkpoint keeps early stopping's best value and where it was seen:
+    stopped after step 4 and resumed, the run stops at step 5 as an
+    uninterrupted one does (patience counted from step 3, not from the resume)."""
+    values = [5.0, 4.0, 3.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+
+    def train_step(state, batch):
+        return ciclo.logs().add_loss("loss", 0.0), state + 1
+
+    def test_step(state, batch):
+        return ciclo.logs().add_loss("val", values[state - 1]), state
+
+    def run(directory, stop):
+        return ciclo.train_loop(
+            0, lambda start: range(start, 12),
+            {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
+            test_dataset=lambda: [0], epoch_duration=1, stop=stop,
+            callbacks=[ciclo.early_stopping("val_test", patience=2)],
+            resume=directory,
+        )  # fmt: skip
+
+    _, _, whole = run(tmp_path / "whole", 12)
+    assert whole.steps == 5
+    run(tmp_path / "cut", 4)
+    state, history, resumed = run(tmp_path / "cut", 12)
+    assert (resumed.steps, state) == (5, 5)
+    assert history.collect("steps") == list(range(5))

@@ -22,7 +22,7 @@ from typing import Any
 from ciclo._checkpoint.saver import Store
 from ciclo._history.history import History
 from ciclo._interrupts import DEFERRED
-from ciclo._loop.state import LoopState, after_commit
+from ciclo._loop.state import LoopState, after_commit, kept_states
 from ciclo._time import Elapsed
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import logged
@@ -68,7 +68,8 @@ class InLoop:
             if guard is not None and self._nonfinite(guard, history, elapsed, row):
                 return
             rows = (history, row, None if row is None else batch)
-            self.store.save(elapsed, state, value, rows, data)
+            # the loop's objects as the whole batch left them (early stopping)
+            self.store.save(elapsed, state, value, rows, data, kept_states(loop_state))
 
         save.where = f"ciclo.checkpoint({str(self.store.directory)!r}) saving"
         if not after_commit(loop_state, save):  # not a loop's: save now
@@ -123,7 +124,8 @@ class InLoop:
             return
         rows = (loop_state.history, None, None)
         data = loop_state.data_state()
-        self.store.save(elapsed, loop_state.state, None, rows, data)
+        kept = kept_states(loop_state)
+        self.store.save(elapsed, loop_state.state, None, rows, data, kept)
 
     def end(self, loop_state: LoopState) -> None:
         """Waits for the background saves (called once when the loop ends); with

@@ -148,4 +148,4 @@ def _read(
             raise Unreadable(step, folder, error) from None
     else:
         history = history_from_json(None)
-    return state, elapsed, history, e.get("data"), segments
+    return state, elapsed, history, e.get("data"), segments, e.get("callbacks")

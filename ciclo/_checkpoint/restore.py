@@ -92,9 +92,10 @@ def restore_from(
     fallback: bool = False,
 ) -> tuple[Any, ...]:
     """`(state, elapsed)` of `step`, else the best (`best=True`), else the latest;
-    `(state, elapsed, history, data, segments)` with `with_history` (`data`: the
-    data iterator's saved state as JSON, or None; `segments`: the history's, for
-    the next save to build on, or None for a checkpoint of the earlier format).
+    `(state, elapsed, history, data, segments, kept)` with `with_history` (`data`:
+    the data iterator's saved state as JSON, or None; `segments`: the history's,
+    for the next save to build on, or None for a checkpoint of the earlier
+    format; `kept`: the loop's objects' saved states, or None).
 
     A checkpoint that does not read back whole (a damaged or missing file) is
     never returned in part. With `fallback` (resuming the latest), the newer ones

@@ -89,12 +89,14 @@ class Store:
         value: float | None,
         history: tuple[Any, Any, Any] | None = None,
         data: Any = None,
+        kept: dict[str, Any] | None = None,
     ) -> None:
         """Saves `state` at `elapsed.steps`; `history`: `(history, row, batch)`,
         the run's `History` with the step's `(elapsed, logs)` when they are not
-        committed yet (and the fused call `batch` they stand for), else None."""
+        committed yet (and the fused call `batch` they stand for), else None;
+        `kept`: the loop's objects' states (`__loop_state__`, JSON data)."""
         with DEFERRED:  # Ctrl-C meanwhile: raised once the save has started
-            self._start_save(elapsed, state, value, history, data)
+            self._start_save(elapsed, state, value, history, data, kept)
 
     def _start_save(
         self,
@@ -103,6 +105,7 @@ class Store:
         value: float | None,
         history: tuple[Any, Any, Any] | None,
         data: Any,
+        kept: dict[str, Any] | None = None,
     ) -> None:
         self.resume_pending = False  # this run has its own timeline now
         for other in open_checkpoints():
@@ -160,6 +163,8 @@ class Store:
             saved["checksums"] = sums
         if data is not None:
             saved["data"] = data_state_to_json(data)
+        if kept:
+            saved["callbacks"] = kept
         if history is not None:
             saved["history"] = True  # its absence when read back is damage
         items = {
@@ -277,7 +282,7 @@ class Store:
             steps = manager.all_steps()
             if not steps:
                 return None
-            state, elapsed, history, data, segments = restore_from(
+            state, elapsed, history, data, segments, kept = restore_from(
                 manager, state, False, None, with_history=True, fallback=True
             )
         except BaseException as error:
@@ -295,9 +300,9 @@ class Store:
                 _history.Written(segments),
             )  # fmt: skip
         self.skipped = {s for s in steps if s > elapsed.steps}
-        if data is None:
+        if data is None and not kept:
             return state, history, elapsed
-        return state, history, elapsed, data
+        return state, history, elapsed, data, kept
 
     def wait(self) -> None:
         """Blocks until the background saves are written (re-raises their errors)."""

@@ -104,7 +104,8 @@ def prepare(
     (lists or single ones; read through the loop's `table`, then `prepared`).
 
     A hook returns None, `(state, history, elapsed)`, or with a fourth element
-    the data iterator's saved state.
+    the data iterator's saved state, and a fifth the saved states of the objects
+    checkpoints keep (`__loop_state__`), given back to their `__loop_restore__`.
 
     Returns:
         `(state, history, elapsed, start)`: `start.batches` is how many batches of
@@ -113,7 +114,9 @@ def prepare(
     """
     table.prepared = True
     owners = table.owners(groups)
+    table.kept = table.keyed(groups)
     start = Start()
+    kept = None  # the saved states of the objects checkpoints keep
     for owner, hooks in owners:
         if hooks.resume is None:
             continue
@@ -121,13 +124,18 @@ def prepare(
         if restored is None:
             continue
         before = 0 if elapsed is None else int(elapsed.steps)
-        state, history, elapsed, *data = restored
+        state, history, elapsed, *extra = restored
         source = getattr(owner, "directory", None)
         start = Start(
             max(0, int(elapsed.steps) - before),
-            data[0] if data else None,
+            extra[0] if extra else None,
             short(owner, 80) if source is None else str(source),
         )
+        kept = extra[1] if len(extra) > 1 else None
+    if kept:
+        for key, hooks in table.kept:
+            if hooks.restore is not None and key in kept:
+                hooks.restore(kept[key])
     for _, hooks in owners:
         if hooks.start is not None:
             hooks.start(elapsed)

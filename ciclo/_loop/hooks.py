@@ -11,6 +11,11 @@ An object among a loop's callbacks may define, besides being callable:
 - `__loop_end__(loop_state)`: once when the loop ends, on every exit path;
 - `__loop_preempt__(loop_state)`: when a preemption (SIGTERM) stops the loop,
   before the end hooks;
+- `__loop_state__() -> JSON data`: what a checkpoint saved in the loop keeps of
+  the object (`early_stopping`'s best value and where it was seen), and
+  `__loop_restore__(data)`: given it back when a loop resumes from that
+  checkpoint, before the start hooks (an object is known by its class and its
+  place among the loop's objects of that class);
 - `__loop_register_first__ = True`: as a `callbacks=` object of a predefined loop,
   registered before the other `callbacks` objects at each of its places.
 
@@ -65,11 +70,14 @@ class Hooks:
     end: EndHook | None = None  # __loop_end__
     preempt: EndHook | None = None  # __loop_preempt__
     first: bool = False  # __loop_register_first__
+    keep: Callable[[], Any] | None = None  # __loop_state__
+    restore: Callable[[Any], None] | None = None  # __loop_restore__
 
     @property
     def lifecycle(self) -> bool:
-        """Whether it has a hook run around the loop (resume, start, end, preempt)."""
-        hooks = (self.resume, self.start, self.end, self.preempt)
+        """Whether it has a hook run around the loop (resume, start, end, preempt,
+        its state kept by checkpoints)."""
+        hooks = (self.resume, self.start, self.end, self.preempt, self.keep)
         return any(h is not None for h in hooks)
 
     @property
@@ -93,6 +101,8 @@ def hooks_of(obj: Any) -> Hooks:
         getattr(obj, "__loop_end__", None),
         getattr(obj, "__loop_preempt__", None),
         bool(getattr(obj, "__loop_register_first__", False)),
+        getattr(obj, "__loop_state__", None),
+        getattr(obj, "__loop_restore__", None),
     )
 
 
@@ -110,11 +120,14 @@ class HookTable:
     hands its table to the loop it compiles to, which does not run them again.
     """
 
-    __slots__ = ("_read", "prepared")
+    __slots__ = ("_read", "kept", "prepared")
 
     def __init__(self) -> None:
         self._read: dict[int, tuple[Any, Hooks]] = {}  # id -> (object kept, hooks)
         self.prepared = False
+        # (key, hooks) of the objects whose state checkpoints keep, named when
+        # the loop is prepared (`keyed`)
+        self.kept: list[tuple[str, Hooks]] = []
 
     def of(self, obj: Any) -> Hooks:
         """`hooks_of(obj)`, read once per table."""
@@ -143,6 +156,27 @@ class HookTable:
                     seen.add(id(owner))
                     found.append((owner, self.of(owner)))
         return found
+
+    def keyed(self, groups: Iterable[Any]) -> list[tuple[str, Hooks]]:
+        """The owners among `groups`' callbacks whose state checkpoints keep
+        (`__loop_state__`), each named by its class and its place among the
+        owners of that class (`EarlyStopping-0`): the same command names them
+        alike in the run that saves and the one that resumes."""
+        counts: dict[str, int] = {}
+        out = []
+        for owner, hooks in self.owners(groups):
+            if hooks.keep is None:
+                continue
+            name = type(owner).__qualname__
+            counts[name] = counts.get(name, -1) + 1
+            out.append((f"{name}-{counts[name]}", hooks))
+        return out
+
+    def states(self) -> dict[str, Any] | None:
+        """What each kept object's `__loop_state__` gives now (None: none kept)."""
+        if not self.kept:
+            return None
+        return {key: hooks.keep() for key, hooks in self.kept}
 
     def end_hooks(self, groups: Iterable[Any]) -> list[EndHook]:
         """The `__loop_end__` hooks of `groups`' callbacks, once per owner."""

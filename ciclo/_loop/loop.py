@@ -223,6 +223,7 @@ def _run(
     # checkpointable iterator is put back after them
     end_hooks.insert(0, lambda ls: data.close(int(ls.elapsed.steps - initial.steps)))
     ls = LoopState(state, None, initial, initial, history, Logs(), metadata)
+    ls._table = table
     # while it runs, the history knows the step's uncommitted logs (`collect`)
     outer, history._live = history._live, ls
     end_hooks.append(lambda ls: setattr(history, "_live", outer))

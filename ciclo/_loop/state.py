@@ -27,6 +27,7 @@ __all__ = [
     "after_commit",
     "committed",
     "interrupted",
+    "kept_states",
     "last_of_pass",
     "read_from",
 ]
@@ -71,6 +72,7 @@ class LoopState:
         "_fresh",
         "_interrupted",
         "_nan_guard",
+        "_table",
         "_unmerged",
         "batch",
         "elapsed",
@@ -125,6 +127,7 @@ class LoopState:
         self._after_commit = []  # run once the step's row is committed
         self._nan_guard = None  # a `nan_guard` running in this loop
         self._interrupted = False  # Ctrl-C ended the loop (set for the end hooks)
+        self._table = None  # the loop's `HookTable` (its kept objects' states)
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
         self.error = None  # what the loop is ending with
@@ -207,6 +210,13 @@ def committed(ls: LoopState) -> Logs:
         _fold(merged, unmerged)
         unmerged.clear()
     return merged
+
+
+def kept_states(ls: LoopState | Any) -> dict[str, Any] | None:
+    """The states of `ls`'s loop's objects that checkpoints keep (their
+    `__loop_state__`, e.g. `early_stopping`'s), or None (none, or not a loop's)."""
+    table = getattr(ls, "_table", None)
+    return None if table is None else table.states()
 
 
 def hand_over(ls: LoopState | Any, logs: Logs) -> None:

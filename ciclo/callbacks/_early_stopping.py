@@ -12,7 +12,7 @@ import numpy as np
 
 from ciclo._input.batch import batch_size
 from ciclo._period import Period, as_period
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, new_elapsed
 from ciclo.callbacks._monitor import Monitor, as_logs
 
 if TYPE_CHECKING:
@@ -91,6 +91,35 @@ class EarlyStopping:
         self.best_state: Any = None
         self.stopped_elapsed: Elapsed | None = None
         self._restore_at_end = False
+        self._resumed: dict[str, Any] | None = None  # what a checkpoint gave back
+
+    def __loop_state__(self) -> dict[str, Any]:
+        """What a checkpoint in the loop keeps: the best value and where it was
+        seen (patience counts from there), so a resumed run stops where the
+        uninterrupted one would. The best state (`restore_best_weights`) is
+        not kept: after a resume it is the best seen since."""
+        since = self.best_elapsed
+        return {
+            "best": self.best,
+            "best_elapsed": None
+            if since is None
+            else [int(since.steps), int(since.samples), float(since.time)],
+        }
+
+    def __loop_restore__(self, saved: Any) -> None:
+        """Takes back what `__loop_state__` gave, when a loop resumes from a
+        checkpoint (again at `train_loop`'s start, which resets otherwise)."""
+        if not isinstance(saved, dict):
+            return
+        self._apply(saved)
+        self._resumed = saved
+
+    def _apply(self, saved: dict[str, Any]) -> None:
+        best, since = saved.get("best"), saved.get("best_elapsed")
+        self.best = None if best is None else float(best)
+        if since is not None:  # patience reads its steps, samples and time
+            steps, samples, time = since
+            self.best_elapsed = new_elapsed(int(steps), int(samples), float(time), 0.0)
 
     def __repr__(self) -> str:
         return (
@@ -180,9 +209,13 @@ class EarlyStopping:
     def on_train_begin(
         self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
     ):
-        """Self-registration: starts fresh (patience counts from the loop start)."""
+        """Self-registration: starts fresh (patience counts from the loop start),
+        or, resumed from a checkpoint, where the saved run was."""
+        resumed = self._resumed
         self.reset()
         self.best_elapsed = loop_state.elapsed_after
+        if resumed is not None:
+            self._apply(resumed)
 
     def on_train_end(self, state: Any) -> tuple[None, Any]:
         """Self-registration: returns the best state if it stopped the loop."""
