@@ -472,6 +472,13 @@ def test_no_error_message_embeds_a_multi_line_array_repr():
             assert len(str(info.value)) < 600 and str(info.value).count("\n") <= 1, str(
                 info.value
             )
+    # arrays inside a container (a list of batches given for a factory): each
+    # by its type, shape and dtype, never its values
+    batches = [(np.full((16, 8), 0.123456), np.zeros(16))]
+    with pytest.raises(TypeError, match="zero-argument callable") as info:
+        ciclo.train_loop(0, [1], {ciclo.on_train_step: _step}, test_dataset=batches)
+    assert "[(ndarray(16, 8) float64, ndarray(16,) float64)] (list)" in str(info.value)
+    assert "0.123" not in str(info.value)
 
 
 def test_a_pair_state_returned_bare_is_an_error_at_step_0():
