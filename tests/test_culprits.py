@@ -120,3 +120,21 @@ def test_a_fused_batch_leaf_that_does_not_stack_is_named_not_the_dataset():
         note(info.value)
     )
     assert "dataset" not in note(info.value)
+
+
+def test_a_plain_jitted_step_given_fused_steps_says_how_to_fuse_it():
+    """`steps_per_call` hands every callback a `ciclo.Steps`: a plain jitted
+    step taking arrays fails on it, and the note names the fix."""
+    import jax
+
+    @jax.jit
+    def step(w, batch):
+        return ciclo.logs().add_loss("loss", jnp.mean(batch * w)), w
+
+    data = [np.ones((4, 2), np.float32)] * 8
+    with pytest.raises(TypeError) as info:
+        ciclo.train_loop(
+            jnp.ones(2), data, {ciclo.on_train_step: step}, steps_per_call=4
+        )
+    assert "each callback gets a ciclo.Steps (4 batches" in note(info.value)
+    assert "Wrap the step with managed.train_step" in note(info.value)

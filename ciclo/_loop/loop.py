@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ciclo._history.history import History
+from ciclo._input.batch import Steps
 from ciclo._input.fused import check_steps, declared_steps
 from ciclo._input.prefetch import check_prefetch
 from ciclo._input.resume import Start, nothing_left, prepare
@@ -261,6 +262,14 @@ def _run(
         if run.in_batch:
             kept += " (that step's logs are not committed)"
         error.add_note(f"ciclo.loop: raised {at}; {kept}.")
+        if run.in_batch and type(ls.batch) is Steps and isinstance(error, TypeError):
+            error.add_note(
+                f"With steps_per_call, each callback gets a ciclo.Steps ({ls.batch.n} "
+                f"batches stacked on a new leading axis: `.batch`, `.n`). A managed "
+                f"step (managed.train_step, a Flax state's) runs them in one compiled "
+                f"call; another callback must take a ciclo.Steps itself. Wrap the step "
+                f"with managed.train_step, or run without steps_per_call."
+            )
         if run.in_batch and run.finishing is None:  # writers see the failing row
             run.finish_observers()
         ls.error = error
