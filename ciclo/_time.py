@@ -4,10 +4,12 @@ batch counts as is `ciclo._input.batch`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 import operator
 import time as _time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -163,6 +165,26 @@ class Elapsed:
 
     def __hash__(self) -> int:
         return hash((self.steps, self.samples, self.date, self.date_start))
+
+
+# id -> (a weak reference to an `Elapsed` that counts every batch trained into
+# its state, who handed it out); a checkpoint saved by hand recognises it
+_COUNTED: dict[int, tuple[weakref.ref, str]] = {}
+
+
+def mark_counted(elapsed: Elapsed, how: str) -> Elapsed:
+    """Notes that `elapsed` counts its batches already (`how`: "the loop
+    returned", ...): `ckpt(elapsed, state)` then records it as it is."""
+    key = id(elapsed)
+    with contextlib.suppress(TypeError):  # not weakly referable: not noted
+        _COUNTED[key] = (weakref.ref(elapsed, lambda _: _COUNTED.pop(key, None)), how)
+    return elapsed
+
+
+def counted_by(elapsed: Any) -> str | None:
+    """Who handed out `elapsed` as counting its batches (`mark_counted`), or None."""
+    noted = _COUNTED.get(id(elapsed))
+    return noted[1] if noted is not None and noted[0]() is elapsed else None
 
 
 def new_elapsed(steps: int, samples: int, date: float, date_start: float) -> Elapsed:

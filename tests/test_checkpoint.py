@@ -445,3 +445,21 @@ def test_two_writers_on_one_directory_is_an_error_naming_it(tmp_path):
     first, second = ciclo.checkpoint(tmp_path), ciclo.checkpoint(tmp_path)
     with pytest.raises(ValueError, match="Two ciclo.checkpoint writers save to"):
         ciclo.loop(jnp.zeros(()), range(3), {ciclo.every(1): [step, first, second]})
+
+
+def test_by_hand_with_iterates_or_a_restored_elapsed_is_not_counted_twice(tmp_path):
+    """`ciclo.iterate`'s and `ciclo.restore`'s `Elapsed` count their batches
+    already: saved without `consumed=True`, it is recognised (with a warning)
+    and recorded as it is, not one step later."""
+    ckpt = ciclo.checkpoint(tmp_path, keep=5, async_save=False)
+    for state, _, elapsed in ciclo.iterate(
+        init_state(), data(4), {ciclo.on_train_step: train_step}, epoch_duration=2
+    ):
+        with pytest.warns(UserWarning, match=r"ciclo.iterate yielded.*step \d, not"):
+            ckpt(elapsed, state)
+    assert ckpt.steps() == [2, 4]
+    restored, elapsed = ciclo.restore(tmp_path, init_state())
+    with pytest.warns(UserWarning, match=r"ciclo.restore returned.*step 4, not 5"):
+        ckpt(elapsed, restored)
+    assert ckpt.steps() == [2, 4]
+    ckpt.close()

@@ -27,7 +27,7 @@ from ciclo._checkpoint.saver import Store
 from ciclo._history.history import History
 from ciclo._input.batch import batch_size
 from ciclo._loop.state import LoopState
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, counted_by
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import Monitor
 
@@ -231,10 +231,11 @@ class checkpoint:
         `elapsed.steps + 1`. An `elapsed` that already counts every consumed
         batch — the one a loop returned, `ciclo.iterate`'s,
         `loop_state.elapsed_after`, or a restored one — is passed with
-        `consumed=True` and recorded as it is. The one exception is detected:
-        the very `Elapsed` returned by a loop this checkpoint ran in is recorded
-        as is, with a warning to pass `consumed=True` (a checkpoint that did not
-        run in the loop cannot tell, and records `elapsed.steps + 1`).
+        `consumed=True` and recorded as it is. Given without it, the very
+        `Elapsed` a loop returned, `ciclo.iterate` yielded or `ciclo.restore`
+        returned is recognised and recorded as it is, with a warning to pass
+        `consumed=True` (a copy of it, or `loop_state.elapsed_after`, cannot be
+        told apart and records `elapsed.steps + 1`).
 
         Args:
             elapsed: the `Elapsed` from `ciclo.elapse` for that batch; the checkpoint
@@ -266,20 +267,16 @@ class checkpoint:
             raise TypeError(
                 f"checkpoint: `consumed` must be True or False, got {consumed!r}."
             )
-        if (
-            not consumed
-            and self._loop.returned is not None
-            and elapsed is self._loop.returned
-        ):
+        counted = None if consumed else counted_by(elapsed)
+        if counted is not None:
             consumed = True
             warn(
                 f"ciclo.checkpoint: ckpt(elapsed, state) was given the `elapsed` "
-                f"the loop returned (this checkpoint ran in that loop), which "
-                f"already counts the loop's last batch: recorded as step "
-                f"{elapsed.steps}, not {elapsed.steps + 1}. Say so with "
-                f"ckpt(elapsed, state, consumed=True); without it a checkpoint that "
-                f"did not run in the loop records elapsed.steps + 1 (the rule for "
-                f"ciclo.elapse's before-the-batch `elapsed`)."
+                f"{counted}, which already counts the batches trained into the "
+                f"state: recorded as step {elapsed.steps}, not {elapsed.steps + 1}. "
+                f"Say so with ckpt(elapsed, state, consumed=True); without it an "
+                f"`elapsed` records elapsed.steps + 1 (the rule for ciclo.elapse's "
+                f"before-the-batch `elapsed`)."
             )
         if consumed and batch is not None:
             raise ValueError(

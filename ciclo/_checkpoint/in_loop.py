@@ -38,7 +38,6 @@ class InLoop:
         self.store = store
         self.unranked = False  # this loop saved without a fresh monitored value
         self.fresh = False  # this loop saved with a fresh monitored value
-        self.returned: Elapsed | None = None  # what the last loop it ran in returned
         self.resumed_from: int | None = None  # the step its resume restored
         self.cleared = 0  # rows from this step on are not checked finite yet
         # a save not made for a bad value: (step, entry, its row)
@@ -135,8 +134,6 @@ class InLoop:
         uncaught Ctrl-C), that exception is the one that propagates: the pending
         saves are finished, a save that failed is only warned about, and the
         monitored entry is not checked."""
-        # the loop returns this very object: recognised if passed back by hand
-        self.returned = loop_state.elapsed_after
         unranked, fresh = self.unranked, self.fresh
         self.unranked = self.fresh = False
         failing = getattr(loop_state, "error", None)  # the loop's own error

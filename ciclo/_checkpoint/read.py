@@ -26,7 +26,7 @@ from ciclo._checkpoint.fit import check_fits
 from ciclo._checkpoint.history_item import history_from_json
 from ciclo._checkpoint.history_segments import read_history
 from ciclo._checkpoint.layout import host_layout, put, select, strategy_of
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, mark_counted
 
 __all__ = ["Unreadable", "read", "why"]
 
@@ -139,7 +139,7 @@ def _read(
     if strategy is not None:
         state = strategy.place_state(state)
     if not with_history:
-        return state, elapsed
+        return state, mark_counted(elapsed, "ciclo.restore returned")
     segments = None
     if (folder / "history").exists():
         try:

@@ -18,7 +18,7 @@ from typing import Any
 from ciclo._logs import Logs
 from ciclo._predefined.register import as_list
 from ciclo._predefined.train import train_loop
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, mark_counted
 
 
 class _Handoff:
@@ -31,9 +31,8 @@ class _Handoff:
 
     def on_epoch_end(self, state, batch, elapsed, loop_state) -> None:
         logs = Logs({c: dict(entries) for c, entries in loop_state.logs.items()})
-        self.to_caller.put(
-            ("epoch", (loop_state.state, logs, loop_state.elapsed_after))
-        )
+        elapsed = mark_counted(loop_state.elapsed_after, "ciclo.iterate yielded")
+        self.to_caller.put(("epoch", (loop_state.state, logs, elapsed)))
         if self.to_loop.get() == "stop":
             loop_state.stop_after_batch()
 

@@ -29,7 +29,7 @@ from ciclo._loop.state import LoopState, read_from
 from ciclo._loop.state import interrupted as set_interrupted
 from ciclo._period import Period, as_period
 from ciclo._short import short
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, mark_counted
 from ciclo._warn import warn
 
 __all__ = ["EmptyDataWarning", "loop"]
@@ -206,7 +206,7 @@ def run_loop(
             abandon(table, groups, LoopState(state, None, reached, reached, history,
                                       Logs(), metadata), error)  # fmt: skip
             if isinstance(error, KeyboardInterrupt) and catch_keyboard_interrupt:
-                return state, history, reached
+                return state, history, mark_counted(reached, "the loop returned")
             raise
         return _run(
             scope, state, history, elapsed, data, plan, start, end, end_hooks,
@@ -318,7 +318,7 @@ def _run(
                 "or generator, or an empty list."
             )
         )
-    return ls.state, history, run.current
+    return ls.state, history, mark_counted(run.current, "the loop returned")
 
 
 def _unfinished(run: Run, error: BaseException) -> None:

@@ -48,7 +48,7 @@ from ciclo._predefined.tables import EPOCH_LOGS, EPOCH_SUM, NESTED, TRAIN
 from ciclo._predefined.validation import test_loops
 from ciclo._schedules.epoch import EpochEnd, epochs_end
 from ciclo._schedules.named import on_train_step
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, mark_counted
 from ciclo._warn import warn
 
 __all__ = ["train_loop"]
@@ -258,7 +258,7 @@ def train_loop(
             abandon(table, groups, LoopState(state, None, reached, reached, history,
                                       Logs(), metadata), error)  # fmt: skip
             if isinstance(error, KeyboardInterrupt) and catch_keyboard_interrupt:
-                return state, history, reached
+                return state, history, mark_counted(reached, "the loop returned")
             raise
     if start_at.source is not None and result[2].steps == start.steps:
         if data.empty or (stop_at is not None and stop_at.reached(start)):
