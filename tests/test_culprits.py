@@ -138,3 +138,22 @@ def test_a_plain_jitted_step_given_fused_steps_says_how_to_fuse_it():
         )
     assert "each callback gets a ciclo.Steps (4 batches" in note(info.value)
     assert "Wrap the step with managed.train_step" in note(info.value)
+
+
+def test_a_flax_loss_that_raises_is_named_with_its_arguments_shapes():
+    """A loss failing inside a Flax state's step (labels given as a column) is
+    named, with the shapes it was called with, not only the step."""
+    import optax
+    from flax import nnx
+
+    x, y = np.ones((16, 8), np.float32), np.zeros((16, 1), np.int32)
+    state = ciclo.create_flax_state(
+        nnx.Linear(8, 3, rngs=nnx.Rngs(0)), tx=optax.adam(1e-3),
+        losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+    )  # fmt: skip
+    with pytest.raises(Exception) as info:
+        ciclo.train_loop(state, [(x, y)] * 2, epochs=1)
+    assert (
+        "Raised by the loss 'loss' (softmax_cross_entropy_with_integer_labels), "
+        "called with logits: shape (16, 3) float32, labels: shape (16, 1) int32."
+    ) in note(info.value)

@@ -95,6 +95,25 @@ class KeywordCall:
                 f"them, give it a default, or add it to the batch (a dict batch's "
                 f"extra keys are passed by name)."
             )
-        if self.takes_all:
-            return self.fn(**available)
-        return self.fn(**{k: available[k] for k in self.wanted if k in available})
+        given = (
+            available
+            if self.takes_all
+            else {k: available[k] for k in self.wanted if k in available}
+        )
+        try:
+            return self.fn(**given)
+        except Exception as error:  # named: the step's own name says little
+            shapes = ", ".join(f"{k}: {_shape(v)}" for k, v in given.items())
+            error.add_note(
+                f"Raised by the {self.kind} {self.name!r} ({_describe(self.fn)}), "
+                f"called with {shapes or 'no arguments'}."
+            )
+            raise
+
+
+def _shape(value: Any) -> str:
+    """An argument as a note shows it: an array by its shape and dtype."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"shape {tuple(shape)} {dtype}"
+    return type(value).__name__
