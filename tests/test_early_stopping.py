@@ -216,3 +216,34 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_does(tmp_path):
     state, history, resumed = run(tmp_path / "cut", 12)
     assert (resumed.steps, state) == (5, 5)
     assert history.collect("steps") == list(range(5))
+
+
+def test_a_best_state_from_before_a_resume_is_said_to_be_gone(tmp_path):
+    """With `restore_best_weights`, the best state seen before a resume is not in
+    the checkpoint (only its value): the stop returns the state it reached and
+    says so, naming where the best state is kept."""
+    values = [5.0, 4.0, 3.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+
+    def train_step(state, batch):
+        return ciclo.logs().add_loss("loss", 0.0), state + 1
+
+    def test_step(state, batch):
+        return ciclo.logs().add_loss("val", values[state - 1]), state
+
+    def run(directory, stop):
+        return ciclo.train_loop(
+            0, lambda start: range(start, 8),
+            {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
+            test_dataset=lambda: [0], epoch_duration=1, stop=stop,
+            callbacks=[
+                ciclo.early_stopping("val_test", patience=2, restore_best_weights=True)
+            ],
+            resume=directory,
+        )  # fmt: skip
+
+    state, _, _ = run(tmp_path / "whole", 8)
+    assert state == 3  # the best state, uninterrupted
+    run(tmp_path / "cut", 4)
+    with pytest.warns(UserWarning, match=r"seen at step 3, before the run was resumed"):
+        state, _, elapsed = run(tmp_path / "cut", 8)
+    assert (state, elapsed.steps) == (5, 5)

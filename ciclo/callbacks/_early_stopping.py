@@ -13,6 +13,7 @@ import numpy as np
 from ciclo._input.batch import batch_size
 from ciclo._period import Period, as_period
 from ciclo._time import Elapsed, new_elapsed
+from ciclo._warn import warn
 from ciclo.callbacks._monitor import Monitor, as_logs
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class EarlyStopping:
         self.stopped_elapsed: Elapsed | None = None
         self._restore_at_end = False
         self._resumed: dict[str, Any] | None = None  # what a checkpoint gave back
+        self._resumed_best = False  # `best` came from a checkpoint (not its state)
 
     def __loop_state__(self) -> dict[str, Any]:
         """What a checkpoint in the loop keeps: the best value and where it was
@@ -117,6 +119,7 @@ class EarlyStopping:
     def _apply(self, saved: dict[str, Any]) -> None:
         best, since = saved.get("best"), saved.get("best_elapsed")
         self.best = None if best is None else float(best)
+        self._resumed_best = best is not None and best != self.baseline
         if since is not None:  # patience reads its steps, samples and time
             steps, samples, time = since
             self.best_elapsed = new_elapsed(int(steps), int(samples), float(time), 0.0)
@@ -141,6 +144,7 @@ class EarlyStopping:
             self.best_elapsed = elapsed
         if self.monitor.improves(value, self.best):
             self.best, self.best_elapsed = value, elapsed
+            self._resumed_best = False
             if self.restore_best_weights:
                 self.best_state = jax.tree.map(_copy, state)
             return False, state
@@ -149,6 +153,15 @@ class EarlyStopping:
         self.stopped_elapsed = elapsed
         if self.restore_best_weights and self.best_state is not None:
             return True, self.best_state
+        if self.restore_best_weights and self._resumed_best:
+            warn(
+                f"early_stopping({self.monitor.name!r}, restore_best_weights=True): "
+                f"the best value ({self.best}) was seen at step "
+                f"{self.best_elapsed.steps}, before the run was resumed, and its "
+                f"state is not in the checkpoint: the state at the stop is "
+                f"returned. A checkpoint with monitor={self.monitor.name!r} keeps "
+                f"the best state on disk: ciclo.restore(directory, best=True)."
+            )
         return True, state
 
     def __call__(
