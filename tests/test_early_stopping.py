@@ -247,3 +247,62 @@ def test_a_best_state_from_before_a_resume_is_said_to_be_gone(tmp_path):
     with pytest.warns(UserWarning, match=r"seen at step 3, before the run was resumed"):
         state, _, elapsed = run(tmp_path / "cut", 8)
     assert (state, elapsed.steps) == (5, 5)
+
+
+def _resumable(values, callbacks, directory, stop):
+    """A train_loop whose test loop logs `val_test` = values[step - 1] (and
+    `other_test` its negation) at each one-step epoch, resuming from `directory`."""
+
+    def train_step(state, batch):
+        return ciclo.logs().add_loss("loss", 0.0), state + 1
+
+    def test_step(state, batch):
+        v = values[state - 1]
+        return ciclo.logs().add_loss("val", v).add_metric("other", -v), state
+
+    return ciclo.train_loop(
+        0, lambda start: range(start, len(values)),
+        {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
+        test_dataset=lambda: [0], epoch_duration=1, stop=stop,
+        callbacks=callbacks, resume=directory,
+    )  # fmt: skip
+
+
+def test_a_finished_early_stopped_run_run_again_trains_nothing(tmp_path):
+    values = [5.0, 4.0, 3.0] + [4.0] * 9
+    _, _, first = _resumable(
+        values, [ciclo.early_stopping("val_test", patience=2)], tmp_path, 12
+    )
+    assert first.steps == 5
+    with pytest.warns(UserWarning, match=r"had stopped early there.*nothing left"):
+        state, history, again = _resumable(
+            values, [ciclo.early_stopping("val_test", patience=2)], tmp_path, 12
+        )
+    assert (again.steps, state, len(history)) == (5, 5, 5)
+    # a larger patience trains on, from the saved best (step 3)
+    state, _, more = _resumable(
+        values, [ciclo.early_stopping("val_test", patience=4)], tmp_path, 12
+    )
+    assert (more.steps, state) == (7, 7)
+
+
+def test_two_early_stoppings_are_told_apart_by_monitor_not_order(tmp_path):
+    values = [5.0, 4.0, 3.0] + [4.0] * 9  # `other_test` improves until step 3 too
+
+    def both(order):
+        stops = [
+            ciclo.early_stopping("val_test", patience=2),
+            ciclo.early_stopping("other_test", patience=3, mode="max"),
+        ]
+        return stops[::order]
+
+    _, _, whole = _resumable(values, both(1), tmp_path / "whole", 12)
+    _resumable(values, both(1), tmp_path / "cut", 4)
+    _, _, resumed = _resumable(values, both(-1), tmp_path / "cut", 12)
+    assert resumed.steps == whole.steps == 5
+    # resumed with another monitor: nothing saved for it, it starts fresh (with
+    # `val_test`'s best, 3.0, it would stop at once: -4 never beats it)
+    _resumable(values, both(1)[:1], tmp_path / "other", 4)
+    other = ciclo.early_stopping("other_test", patience=2, mode="max")
+    _, _, fresh = _resumable(values, [other], tmp_path / "other", 12)
+    assert fresh.steps == 7  # best -4 at step 5, patience 2

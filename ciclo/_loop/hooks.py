@@ -14,8 +14,9 @@ An object among a loop's callbacks may define, besides being callable:
 - `__loop_state__() -> JSON data`: what a checkpoint saved in the loop keeps of
   the object (`early_stopping`'s best value and where it was seen), and
   `__loop_restore__(data)`: given it back when a loop resumes from that
-  checkpoint, before the start hooks (an object is known by its class and its
-  place among the loop's objects of that class);
+  checkpoint, before the start hooks (an object is known by its class, its
+  `__loop_state_key__` if it has one, and its place among the loop's objects
+  alike);
 - `__loop_register_first__ = True`: as a `callbacks=` object of a predefined loop,
   registered before the other `callbacks` objects at each of its places.
 
@@ -159,15 +160,19 @@ class HookTable:
 
     def keyed(self, groups: Iterable[Any]) -> list[tuple[str, Hooks]]:
         """The owners among `groups`' callbacks whose state checkpoints keep
-        (`__loop_state__`), each named by its class and its place among the
-        owners of that class (`EarlyStopping-0`): the same command names them
-        alike in the run that saves and the one that resumes."""
+        (`__loop_state__`), each named by its class, its `__loop_state_key__` if
+        it has one, and its place among the owners named alike
+        (`EarlyStopping:loss/min-0`): the same command names them alike in the
+        run that saves and the one that resumes."""
         counts: dict[str, int] = {}
         out = []
         for owner, hooks in self.owners(groups):
             if hooks.keep is None:
                 continue
             name = type(owner).__qualname__
+            own = getattr(owner, "__loop_state_key__", None)  # its own identity
+            if own is not None:
+                name = f"{name}:{own}"
             counts[name] = counts.get(name, -1) + 1
             out.append((f"{name}-{counts[name]}", hooks))
         return out

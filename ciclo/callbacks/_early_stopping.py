@@ -95,6 +95,12 @@ class EarlyStopping:
         self._resumed: dict[str, Any] | None = None  # what a checkpoint gave back
         self._resumed_best = False  # `best` came from a checkpoint (not its state)
 
+    @property
+    def __loop_state_key__(self) -> str:
+        """What tells it apart from the other `early_stopping`s of a loop in a
+        checkpoint: its monitor and mode (their order may change)."""
+        return f"{self.monitor.name}/{self.monitor.mode}"
+
     def __loop_state__(self) -> dict[str, Any]:
         """What a checkpoint in the loop keeps: the best value and where it was
         seen (patience counts from there), so a resumed run stops where the
@@ -102,6 +108,8 @@ class EarlyStopping:
         not kept: after a resume it is the best seen since."""
         since = self.best_elapsed
         return {
+            "monitor": [self.monitor.name, self.monitor.mode],
+            "stopped": self.stopped_elapsed is not None,
             "best": self.best,
             "best_elapsed": None
             if since is None
@@ -112,6 +120,11 @@ class EarlyStopping:
         """Takes back what `__loop_state__` gave, when a loop resumes from a
         checkpoint (again at `train_loop`'s start, which resets otherwise)."""
         if not isinstance(saved, dict):
+            return
+        if saved.get("monitor", [self.monitor.name, self.monitor.mode]) != [
+            self.monitor.name,
+            self.monitor.mode,
+        ]:  # saved for another monitor (the command changed): starts fresh
             return
         self._apply(saved)
         self._resumed = saved
@@ -226,9 +239,22 @@ class EarlyStopping:
         or, resumed from a checkpoint, where the saved run was."""
         resumed = self._resumed
         self.reset()
-        self.best_elapsed = loop_state.elapsed_after
-        if resumed is not None:
-            self._apply(resumed)
+        self.best_elapsed = start = loop_state.elapsed_after
+        if resumed is None:
+            return
+        self._apply(resumed)
+        if resumed.get("stopped") and self._waited(start):
+            # the saved run had stopped here, and patience (maybe changed) agrees:
+            # nothing left to train, as in a finished run run again
+            self.stopped_elapsed = start
+            loop_state.stop_iteration = True
+            warn(
+                f"early_stopping({self.monitor.name!r}): the run restored at step "
+                f"{start.steps} had stopped early there (no improvement on "
+                f"{self.best} since step {self.best_elapsed.steps}), so there is "
+                f"nothing left to train. To train further, give a larger "
+                f"`patience`, or start fresh (a new directory, or resume=False)."
+            )
 
     def on_train_end(self, state: Any) -> tuple[None, Any]:
         """Self-registration: returns the best state if it stopped the loop."""
