@@ -187,3 +187,25 @@ def test_torch_default_collate_under_train_loop_equals_numpy_batches(steps_per_c
     np.testing.assert_array_equal(
         np.asarray(state.params), np.asarray(reference.params)
     )
+
+
+def test_torch_bfloat16_tensors_become_jax_bfloat16_arrays():
+    """numpy has no bfloat16: the tensor's bits are read as jax's (ml_dtypes)
+    bfloat16, the values unchanged, fused or not."""
+    torch = pytest.importorskip("torch")
+    batch = {"w": torch.tensor([1.5, -2.25, 3.0, 0.0], dtype=torch.bfloat16)}
+    seen = []
+
+    def record(state, batch):
+        seen.append(batch["w"])
+        return None, state
+
+    ciclo.loop(None, [batch] * 2, {ciclo.every(1): record})
+    assert str(seen[0].dtype) == "bfloat16"
+    assert seen[0].astype(np.float32).tolist() == [1.5, -2.25, 3.0, 0.0]
+    assert float(jax.jit(jnp.sum)(seen[0])) == 2.25
+    (fused,) = ciclo.fuse([batch] * 2, 2)
+    assert str(fused.batch["w"].dtype) == "bfloat16" and fused.batch["w"].shape == (
+        2,
+        4,
+    )

@@ -230,13 +230,17 @@ def as_numpy(batch: Any) -> Any:
     def host(x: Any) -> Any:
         if not isinstance(x, types):
             return x
+        if str(getattr(x, "dtype", "")) == "torch.bfloat16":  # numpy has none:
+            import ml_dtypes  # jax's own bfloat16, read from the same bits
+
+            bits = x.detach().cpu().view(sys.modules["torch"].int16)
+            return bits.numpy().view(ml_dtypes.bfloat16)
         to_numpy = getattr(x, "numpy", None)
         if to_numpy is None:
             return np.asarray(x)
-        try:
+        if isinstance(x, sys.modules["torch"].Tensor if "torch" in sys.modules else ()):
             return to_numpy(force=True)  # torch: detached, on the host
-        except TypeError:  # TensorFlow's takes no `force`
-            return to_numpy()
+        return to_numpy()  # TensorFlow's
 
     return jax.tree.map(host, batch)
 

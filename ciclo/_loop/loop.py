@@ -262,7 +262,12 @@ def _run(
         if run.in_batch:
             kept += " (that step's logs are not committed)"
         error.add_note(f"ciclo.loop: raised {at}; {kept}.")
-        if run.in_batch and type(ls.batch) is Steps and isinstance(error, TypeError):
+        if (
+            run.in_batch
+            and type(ls.batch) is Steps
+            and isinstance(error, TypeError)
+            and "Steps" in str(error)  # a callback that took it for its batch
+        ):
             error.add_note(
                 f"With steps_per_call, each callback gets a ciclo.Steps ({ls.batch.n} "
                 f"batches stacked on a new leading axis: `.batch`, `.n`). A managed "
