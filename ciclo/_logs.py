@@ -46,7 +46,7 @@ def _check_mode(mode: Any, collection: str, name: str, hint: str = "") -> None:
         raise ValueError(
             f"Logs: `aggregation` of {collection}.{name} must be one of {list(MODES)} "
             f"(how train_loop(epoch_logs=...) aggregates the entry over an epoch), "
-            f"got {mode!r}.{hint}"
+            f"got {short(mode)}.{hint}"
         )
 
 

@@ -56,7 +56,7 @@ class Period:
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(
-                    f"Period.{name} must be a non-negative int, got {value!r} "
+                    f"Period.{name} must be a non-negative int, got {short(value)} "
                     f"({type(value).__name__})."
                 )
             if value < 0:
@@ -72,7 +72,7 @@ class Period:
                 or not math.isfinite(value)
             ):
                 raise TypeError(
-                    f"Period.{name} must be a finite number of seconds, got {value!r} "
+                    f"Period.{name} must be a finite number of seconds, got {short(value)} "
                     f"({type(value).__name__})."
                 )
             if name == "time" and value < 0:
@@ -134,21 +134,21 @@ def check_amount(function: str, unit: str, value: Any, *, positive: bool) -> Any
         elif isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(
                 f"`{where}` must be a number of seconds or a datetime.timedelta; got "
-                f"{value!r} ({type(value).__name__})."
+                f"{short(value)} ({type(value).__name__})."
             )
         if not math.isfinite(value):
             raise ValueError(
-                f"`{where}` must be a finite number of seconds; got {value!r}."
+                f"`{where}` must be a finite number of seconds; got {short(value)}."
             )
     else:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(
-                f"`{where}` must be an int; got {value!r} ({type(value).__name__})."
+                f"`{where}` must be an int; got {short(value)} ({type(value).__name__})."
             )
         value = int(value)
     if value < 0 or (positive and value == 0):
         expected = "positive (> 0)" if positive else "non-negative (>= 0)"
-        raise ValueError(f"`{where}` must be {expected}; got {value!r}.")
+        raise ValueError(f"`{where}` must be {expected}; got {short(value)}.")
     return value
 
 

@@ -17,6 +17,7 @@ import jax
 
 from ciclo._input.batch import Steps, batch_size
 from ciclo._period import Period, any_field, as_period, check_amount
+from ciclo._short import short
 
 __all__ = ["Elapsed", "elapse", "new_elapsed"]
 
@@ -256,7 +257,7 @@ def elapse(
     if initial is not None and not isinstance(initial, Elapsed):
         raise TypeError(
             f"ciclo.elapse: `initial` must be a ciclo.Elapsed (e.g. a restored "
-            f"checkpoint's), got {initial!r} ({type(initial).__name__}); to start "
+            f"checkpoint's), got {short(initial)} ({type(initial).__name__}); to start "
             f"counting at step n use initial=ciclo.Elapsed.create(steps=n)."
         )
     try:

@@ -479,6 +479,18 @@ def test_no_error_message_embeds_a_multi_line_array_repr():
         ciclo.train_loop(0, [1], {ciclo.on_train_step: _step}, test_dataset=batches)
     assert "[(ndarray(16, 8) float64, ndarray(16,) float64)] (list)" in str(info.value)
     assert "0.123" not in str(info.value)
+    arrays = [np.full((16, 8), 0.123456)] * 3
+    for call in (
+        lambda: ciclo.every(arrays),
+        lambda: ciclo.at(steps=arrays),
+        lambda: list(ciclo.fuse([1], arrays)),
+        lambda: ciclo.loop(0, [1], {ALWAYS: _step}, prefetch=arrays),
+        lambda: ciclo.early_stopping("loss", 2, baseline=arrays),
+        lambda: list(ciclo.elapse([1], initial=arrays)),
+    ):
+        with pytest.raises((TypeError, ValueError)) as info:
+            call()
+        assert "0.123" not in str(info.value) and "ndarray(16, 8)" in str(info.value)
 
 
 def test_a_pair_state_returned_bare_is_an_error_at_step_0():

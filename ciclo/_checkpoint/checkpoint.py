@@ -27,6 +27,7 @@ from ciclo._checkpoint.saver import Store
 from ciclo._history.history import History
 from ciclo._input.batch import batch_size
 from ciclo._loop.state import LoopState
+from ciclo._short import short
 from ciclo._time import Elapsed, counted_by
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import Monitor
@@ -156,7 +157,7 @@ class checkpoint:
     ):
         chosen = as_items(items)  # validated before anything else
         if isinstance(keep, bool) or not isinstance(keep, int):
-            raise TypeError(f"`keep` must be an int, got {keep!r}.")
+            raise TypeError(f"`keep` must be an int, got {short(keep)}.")
         if keep < 1:
             raise ValueError(
                 f"`keep` must be >= 1 (checkpoints to keep), got {keep}; to save "
@@ -166,10 +167,10 @@ class checkpoint:
             None if monitor is None else Monitor(monitor, mode, owner="checkpoint")
         )
         if monitor is None and mode not in ("min", "max"):
-            raise ValueError(f"`mode` must be 'min' or 'max'; got {mode!r}.")
+            raise ValueError(f"`mode` must be 'min' or 'max'; got {short(mode)}.")
         if not isinstance(resume, bool):
             raise TypeError(
-                f"`resume` must be True or False, got {resume!r} "
+                f"`resume` must be True or False, got {short(resume)} "
                 f"({type(resume).__name__}); the directory is the first argument: "
                 f"ciclo.checkpoint('ckpts/', resume=True)."
             )
@@ -265,7 +266,7 @@ class checkpoint:
         """
         if not isinstance(consumed, bool):
             raise TypeError(
-                f"checkpoint: `consumed` must be True or False, got {consumed!r}."
+                f"checkpoint: `consumed` must be True or False, got {short(consumed)}."
             )
         counted = None if consumed else counted_by(elapsed)
         if counted is not None:

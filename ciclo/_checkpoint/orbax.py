@@ -37,6 +37,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from ciclo._checkpoint import faults as _faults
+from ciclo._short import short
 from ciclo._time import Elapsed
 from ciclo._warn import warn
 
@@ -64,7 +65,7 @@ def path(directory: Any) -> epath.Path:
     """`directory` as an absolute `epath.Path` (URLs such as gs://... kept as is)."""
     if not isinstance(directory, str | os.PathLike):
         raise TypeError(
-            f"`directory` must be a path (str or os.PathLike), got {directory!r} "
+            f"`directory` must be a path (str or os.PathLike), got {short(directory)} "
             f"({type(directory).__name__})."
         )
     result = epath.Path(directory)

@@ -184,7 +184,7 @@ def _create(
     if not isinstance(log_grad_norm, bool):
         raise TypeError(
             f"create_flax_state: log_grad_norm must be True or False, got "
-            f"{log_grad_norm!r}."
+            f"{short(log_grad_norm)}."
         )
     if grads_fn is not None:
         if not callable(grads_fn):

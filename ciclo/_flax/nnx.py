@@ -23,6 +23,7 @@ from ciclo._flax.objectives import Objectives, reduce_sown
 from ciclo._flax.options import as_key, mode_kwargs
 from ciclo._flax.partitioning import nnx_annotations
 from ciclo._flax.state import FlaxState, new_state
+from ciclo._short import short
 from ciclo._strategies.base import Strategy, tree_is_key
 
 __all__ = ["LOSSES", "METRICS", "NNXModel", "create_nnx_state"]
@@ -145,7 +146,7 @@ def create_nnx_state(
     fn = getattr(module, method, None) if isinstance(method, str) else None
     if not callable(fn):
         raise TypeError(
-            f"`method` must name a method of {type(module).__name__}, got {method!r}."
+            f"`method` must name a method of {type(module).__name__}, got {short(method)}."
         )
     train_kw, eval_kw = mode_kwargs(fn, train_kwargs, eval_kwargs)
     graphdef, params, batch_stats, collections = nnx.split(

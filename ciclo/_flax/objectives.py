@@ -11,6 +11,7 @@ from flax import struct
 
 from ciclo._flax.kwargs import KeywordCall
 from ciclo._logs import Logs
+from ciclo._short import short
 from ciclo._strategies.base import is_stateful_metric
 
 __all__ = [
@@ -89,7 +90,9 @@ def _check_names(losses: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
             )
         for name in group:
             if not isinstance(name, str) or not name:
-                raise TypeError(f"`{kind}` names must be non-empty str, got {name!r}.")
+                raise TypeError(
+                    f"`{kind}` names must be non-empty str, got {short(name)}."
+                )
             if name in RESERVED:
                 raise ValueError(
                     f"{'loss' if kind == 'losses' else 'metric'} name {name!r} is reserved (it is an argument "

@@ -18,6 +18,7 @@ from ciclo._history.columns import Column, ElapsedColumn
 from ciclo._input.batch import Steps
 from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
+from ciclo._short import short
 from ciclo._time import Elapsed, new_elapsed
 
 __all__ = ["ELAPSED", "HistoryStore"]
@@ -34,7 +35,7 @@ class HistoryStore:
 
     def __init__(self, lag: int = 64):
         if not isinstance(lag, int) or lag < 1:
-            raise ValueError(f"`lag` must be a positive int, got {lag!r}.")
+            raise ValueError(f"`lag` must be a positive int, got {short(lag)}.")
         self.lag = lag
         # commits between two transfers: `lag`, or less while a reader in the
         # loop asks for rows sooner (`read_within`, e.g. nan_guard's `max_lag`)

@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ciclo._short import short
+
 __all__ = [
     "Item",
     "Steps",
@@ -152,7 +154,7 @@ def _checked_size(size: Any, batch_size_fn: Callable[..., Any]) -> int:
     ):
         name = getattr(batch_size_fn, "__qualname__", repr(batch_size_fn))
         raise TypeError(
-            f"`batch_size_fn` ({name}) returned {size!r} ({type(size).__name__}); "
+            f"`batch_size_fn` ({name}) returned {short(size)} ({type(size).__name__}); "
             f"it must return the batch's number of samples, an int, given the list "
             f"of the batch's leaf shapes (e.g. lambda shapes: shapes[0][0])."
         )

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from ciclo._input.batch import Item, Steps, batch_size, items_of
+from ciclo._short import short
 
 __all__ = ["check_steps", "declared_steps", "fuse", "groups"]
 
@@ -29,7 +30,7 @@ def check_steps(steps_per_call: Any, where: str) -> int:
     ):
         raise TypeError(
             f"{where}: `steps_per_call` must be a positive int (the steps fused in "
-            f"one compiled call), got {steps_per_call!r}."
+            f"one compiled call), got {short(steps_per_call)}."
         )
     return steps_per_call
 

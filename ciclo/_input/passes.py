@@ -185,7 +185,7 @@ def check_epochs(epochs: Any) -> None:
     ):
         raise ValueError(
             f"train_loop: `epochs` must be an int >= 1 (passes over `dataset`, or "
-            f"epochs of `epoch_duration`), got {epochs!r}."
+            f"epochs of `epoch_duration`), got {short(epochs)}."
         )
 
 

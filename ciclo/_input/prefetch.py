@@ -41,6 +41,7 @@ import jax
 import numpy as np
 
 from ciclo._input.batch import Item, Steps
+from ciclo._short import short
 
 __all__ = ["AUTO_MIN_BYTES", "ahead", "check_prefetch", "placer"]
 
@@ -64,7 +65,7 @@ def check_prefetch(prefetch: Any, where: str) -> int | None:
             f"{where}: `prefetch` must be None (automatic: one batch ahead on an "
             f"accelerator for large batches) or an int >= 0 (the batches read and "
             f"placed on the device ahead of the step; 0 turns it off), got "
-            f"{prefetch!r}."
+            f"{short(prefetch)}."
         )
     return prefetch
 

@@ -72,7 +72,7 @@ def test_loops(
         return [Gated(When(NESTED) & test_every, loops)]  # sees elapsed_after
     raise TypeError(
         f"train_loop: `test_every` must be an int (every n epochs) or a schedule "
-        f"evaluated at the epoch ends (e.g. ciclo.after(1000)), got {test_every!r} "
+        f"evaluated at the epoch ends (e.g. ciclo.after(1000)), got {short(test_every)} "
         f"({type(test_every).__name__})."
     )
 

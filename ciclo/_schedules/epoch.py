@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ciclo._loop.state import last_of_pass
 from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule
+from ciclo._short import short
 from ciclo._time import Elapsed
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class EpochEnd(Schedule):
             raise ValueError(
                 f"`epoch_duration` must be positive steps, samples or time (a `date` "
                 f"is an instant, not a duration), e.g. ciclo.at(time=600); got "
-                f"{duration!r}."
+                f"{short(duration)}."
             )
         self.stop, self.passes = stop, passes
         self._fields = tuple(fields.items())  # read per batch: computed once

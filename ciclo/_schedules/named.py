@@ -9,6 +9,7 @@ from abc import ABCMeta
 from typing import TYPE_CHECKING, Any
 
 from ciclo._schedules.base import Schedule, fresh
+from ciclo._short import short
 
 if TYPE_CHECKING:
     from ciclo._loop.state import LoopState
@@ -29,7 +30,7 @@ class _Composable:
         """Fires on the n-th, 2n-th, ... time this named schedule fires."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(
-                f"{self!r}.every(n): `n` must be an int >= 1, got {n!r}; e.g. "
+                f"{self!r}.every(n): `n` must be an int >= 1, got {short(n)}; e.g. "
                 f"ciclo.on_epoch_end.every(2) for every second epoch."
             )
         return When(self.name, Nth(self.condition, n))

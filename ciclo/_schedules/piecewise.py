@@ -7,6 +7,7 @@ from typing import Any
 
 from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule, ScheduleLike, fresh
+from ciclo._short import short
 from ciclo._time import Elapsed, new_elapsed
 
 __all__ = ["Piecewise", "piecewise"]
@@ -142,12 +143,12 @@ def piecewise(
     if not callable(initial_schedule):
         raise TypeError(
             f"piecewise(initial_schedule, ...) must be a schedule (a callable elapsed "
-            f"-> bool); got {initial_schedule!r} ({type(initial_schedule).__name__})."
+            f"-> bool); got {short(initial_schedule)} ({type(initial_schedule).__name__})."
         )
     if not isinstance(boundaries, Mapping):
         raise TypeError(
             f"piecewise(..., boundaries) must be a dict {{int_or_period: schedule}}, "
-            f"e.g. {{1000: ciclo.every(10)}}; got {boundaries!r} "
+            f"e.g. {{1000: ciclo.every(10)}}; got {short(boundaries)} "
             f"({type(boundaries).__name__})."
         )
     keys = list(boundaries)

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from ciclo._logs import Logs
+from ciclo._short import short
 
 __all__ = ["Collectives", "Strategy", "is_stateful_metric", "tree_is_key"]
 
@@ -123,7 +124,7 @@ class Strategy:
     def __init__(self, name: str | None = None, *, donate: bool = False):
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(
-                f"A strategy name must be a non-empty str or None, got {name!r}; "
+                f"A strategy name must be a non-empty str or None, got {short(name)}; "
                 f"e.g. Strategy('my_strategy')."
             )
         self.name = name

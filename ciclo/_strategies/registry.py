@@ -52,7 +52,7 @@ def register_strategy(
     """
     if not isinstance(name, str) or not name:
         raise TypeError(
-            f"register_strategy: the name must be a non-empty str, got {name!r}; "
+            f"register_strategy: the name must be a non-empty str, got {short(name)}; "
             f"e.g. register_strategy('my_strategy', MyStrategy())."
         )
     missing = [m for m in METHODS if not callable(getattr(strategy, m, None))]

@@ -17,6 +17,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ciclo._short import short
 from ciclo._strategies.base import Step, Strategy, tree_is_key
 from ciclo._strategies.rules import FSDP_MIN_SIZE, check_rules, state_specs
 from ciclo._strategies.sharded_collectives import ShardedCollectives
@@ -98,7 +99,7 @@ class Sharded(Strategy):
         if not isinstance(data_axis, str):
             raise TypeError(
                 f"ciclo.sharded: data_axis must be a mesh axis name (str), got "
-                f"{data_axis!r}."
+                f"{short(data_axis)}."
             )
         if mesh is not None and data_axis not in mesh.axis_names:
             raise ValueError(
@@ -106,7 +107,9 @@ class Sharded(Strategy):
                 f"{dict(mesh.shape)}; pass data_axis= one of {list(mesh.axis_names)}."
             )
         if not isinstance(fsdp, bool):
-            raise TypeError(f"ciclo.sharded: fsdp must be True or False, got {fsdp!r}.")
+            raise TypeError(
+                f"ciclo.sharded: fsdp must be True or False, got {short(fsdp)}."
+            )
         self.data_axis = data_axis
         self.rules = check_rules(rules, mesh)
         self.fsdp = fsdp

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._short import short
+
 __all__ = ["AGGREGATIONS", "Running", "Spec", "check_aggregation"]
 
 
@@ -94,7 +96,7 @@ def check_aggregation(value: Any, where: str) -> Aggregation:
     raise TypeError(
         f"{where}: an aggregation must be one of {list(AGGREGATIONS)}, a function "
         f"of the list of values, or a dict collection or entry -> aggregation; got "
-        f"{value!r} ({type(value).__name__})."
+        f"{short(value)} ({type(value).__name__})."
     )
 
 
@@ -118,7 +120,7 @@ class Spec:
                 if not isinstance(key, str):
                     raise TypeError(
                         f"{where}: the keys of an aggregation dict must be "
-                        f"collection or entry names, got {key!r}."
+                        f"collection or entry names, got {short(key)}."
                     )
                 self.per_key[key] = check_aggregation(mode, f"{where}[{key!r}]")
         elif spec is not None:

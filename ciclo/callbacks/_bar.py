@@ -31,6 +31,7 @@ from ciclo._input.batch import batch_size
 from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo._loop.callback import observer
 from ciclo._period import Period
+from ciclo._short import short
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
 from ciclo.callbacks._progress import (
@@ -69,7 +70,7 @@ class ProgressBar(LoopElement):
         self.interval = check_seconds(interval, "interval")
         self.plain_interval = check_seconds(plain_interval, "plain_interval")
         if plain not in (None, True, False):
-            raise TypeError(f"`plain` must be None, True or False; got {plain!r}.")
+            raise TypeError(f"`plain` must be None, True or False; got {short(plain)}.")
         self.total = check_total(total)
         self.plain = plain
         # Only a total in steps alone can be checked without the batch size / clock.

@@ -10,6 +10,7 @@ import os
 from typing import Any, TextIO
 
 from ciclo._logs import SHOWN_COLLECTIONS
+from ciclo._short import short
 from ciclo.callbacks._rows import ELAPSED_COLUMNS, Row
 from ciclo.callbacks._writer import Writer
 
@@ -86,7 +87,7 @@ class _FileWriter(Writer):
     ):
         super().__init__(collections=collections, max_pending=max_pending, every=every)
         if not isinstance(path, str | os.PathLike):
-            raise TypeError(f"`path` must be a file path, got {path!r}.")
+            raise TypeError(f"`path` must be a file path, got {short(path)}.")
         self.path = os.fspath(path)
         self._append = bool(append)
         self._file: TextIO | None = None

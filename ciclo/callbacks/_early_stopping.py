@@ -12,6 +12,7 @@ import numpy as np
 
 from ciclo._input.batch import batch_size
 from ciclo._period import Period, as_period
+from ciclo._short import short
 from ciclo._time import Elapsed, new_elapsed
 from ciclo._warn import warn
 from ciclo.callbacks._monitor import Monitor, as_logs
@@ -77,7 +78,7 @@ class EarlyStopping:
         ):
             raise TypeError(
                 f"early_stopping: `baseline` must be a number or None, got "
-                f"{baseline!r} ({type(baseline).__name__})."
+                f"{short(baseline)} ({type(baseline).__name__})."
             )
         if baseline is not None and math.isnan(baseline):
             raise ValueError("early_stopping: `baseline` must be a number, got NaN.")

@@ -71,13 +71,13 @@ class InnerLoop:
         if not isinstance(name, str) or not name:
             raise TypeError(
                 f"inner_loop: `name` (the suffix of the logged entries) must be a "
-                f"non-empty string, got {name!r}."
+                f"non-empty string, got {short(name)}."
             )
         if not callable(loop_fn):
             raise TypeError(
                 f"inner_loop: `loop_fn` must be a function state -> (state, history, "
                 f"elapsed), e.g. lambda state: ciclo.test_loop(state, data()); got "
-                f"{loop_fn!r} ({type(loop_fn).__name__})."
+                f"{short(loop_fn)} ({type(loop_fn).__name__})."
             )
         self._spec = Spec(aggregation, "inner_loop: aggregation", "last")
         self.name = name

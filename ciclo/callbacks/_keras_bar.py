@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ciclo._period import Period
+from ciclo._short import short
 from ciclo.callbacks._bar import ProgressBar
 from ciclo.callbacks._progress import format_duration
 
@@ -146,9 +147,9 @@ class keras_bar(ProgressBar):
     ):
         super().__init__(total, interval, plain_interval, plain)
         if verbose not in (0, 1, 2):
-            raise ValueError(f"`verbose` must be 0, 1 or 2; got {verbose!r}.")
+            raise ValueError(f"`verbose` must be 0, 1 or 2; got {short(verbose)}.")
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            raise ValueError(f"`width` must be a positive int; got {width!r}.")
+            raise ValueError(f"`width` must be a positive int; got {short(width)}.")
         self.width = width
         self.verbose = verbose
         self._kbar: pkbar.Kbar | None = None

@@ -14,6 +14,7 @@ from ciclo._history import transfer
 from ciclo._logs import METRICS, Logs, _new_logs
 from ciclo._loop.callback import observer
 from ciclo._loop.state import log_entry
+from ciclo._short import short
 from ciclo.callbacks._base import LoopElement
 
 if TYPE_CHECKING:
@@ -145,10 +146,10 @@ class lr_monitor(LoopElement):
         if schedule is not None and not callable(schedule):
             raise TypeError(
                 f"lr_monitor: `schedule` must be an optax schedule step -> learning "
-                f"rate, got {schedule!r} ({type(schedule).__name__})."
+                f"rate, got {short(schedule)} ({type(schedule).__name__})."
             )
         if not isinstance(name, str) or not name:
-            raise TypeError(f"lr_monitor: `name` must be a string, got {name!r}.")
+            raise TypeError(f"lr_monitor: `name` must be a string, got {short(name)}.")
         self.schedule = schedule
         self._rates = None if schedule is None else _Rates(schedule)
         self.name = name

@@ -18,6 +18,7 @@ import numpy as np
 from ciclo._history import transfer
 from ciclo._locate import locate
 from ciclo._logs import Logs
+from ciclo._short import short
 
 if TYPE_CHECKING:
     from ciclo._loop.state import LoopState
@@ -64,16 +65,16 @@ class Monitor:
         if not isinstance(name, str) or not name:
             raise TypeError(
                 f"{owner}: `monitor` must be the name of a logged entry such as "
-                f"'loss' or 'metrics.accuracy_test'; got {name!r}."
+                f"'loss' or 'metrics.accuracy_test'; got {short(name)}."
             )
         if mode not in MODES:
             raise ValueError(
                 f"{owner}: `mode` must be 'min' (lower is better) or 'max' (higher "
-                f"is better); got {mode!r}."
+                f"is better); got {short(mode)}."
             )
         if isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real):
             raise TypeError(
-                f"{owner}: `min_delta` must be a number, got {min_delta!r} "
+                f"{owner}: `min_delta` must be a number, got {short(min_delta)} "
                 f"({type(min_delta).__name__})."
             )
         if not min_delta >= 0 or math.isinf(min_delta):

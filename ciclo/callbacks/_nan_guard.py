@@ -14,6 +14,7 @@ from ciclo._history.history import History
 from ciclo._locate import locate
 from ciclo._logs import LOSSES, METRICS, STATEFUL_METRICS
 from ciclo._loop.state import interrupted
+from ciclo._short import short
 from ciclo._warn import warn
 from ciclo.callbacks._base import LoopElement
 
@@ -141,11 +142,11 @@ class nan_guard(LoopElement):
     ):
         if action not in _ACTIONS:
             raise ValueError(
-                f"nan_guard: `action` must be one of {_ACTIONS}; got {action!r}."
+                f"nan_guard: `action` must be one of {_ACTIONS}; got {short(action)}."
             )
         if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
             raise ValueError(
-                f"nan_guard: `max_lag` must be an int >= 0, got {max_lag!r}."
+                f"nan_guard: `max_lag` must be an int >= 0, got {short(max_lag)}."
             )
         if isinstance(watch, str):
             watch = [watch]
@@ -155,7 +156,7 @@ class nan_guard(LoopElement):
         ):
             raise TypeError(
                 f"nan_guard: `watch` must be an entry name or a list of them (e.g. "
-                f'"loss" or ["loss", "metrics.grad_norm"]), got {watch!r}.'
+                f'"loss" or ["loss", "metrics.grad_norm"]), got {short(watch)}.'
             )
         self.watch = None if watch is None else tuple(watch)
         self.action = action

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from ciclo._short import short
 from ciclo.callbacks._base import LoopElement
 
 if TYPE_CHECKING:
@@ -54,9 +55,13 @@ class profiler(LoopElement):
 
     def __init__(self, logdir: str | os.PathLike, *, start: int = 10, steps: int = 5):
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise ValueError(f"profiler: `start` must be an int >= 0, got {start!r}.")
+            raise ValueError(
+                f"profiler: `start` must be an int >= 0, got {short(start)}."
+            )
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"profiler: `steps` must be an int >= 1, got {steps!r}.")
+            raise ValueError(
+                f"profiler: `steps` must be an int >= 1, got {short(steps)}."
+            )
         self.logdir = os.fspath(logdir)
         self.start, self.steps = start, steps
         self.tracing = False

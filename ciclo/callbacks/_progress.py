@@ -9,6 +9,7 @@ import time as _time
 from typing import Any
 
 from ciclo._period import Period, as_period
+from ciclo._short import short
 from ciclo._time import Elapsed
 
 __all__ = [
@@ -83,7 +84,7 @@ def format_duration(seconds: float) -> str:
 def check_seconds(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(
-            f"`{name}` must be a number of seconds, got {value!r} "
+            f"`{name}` must be a number of seconds, got {short(value)} "
             f"({type(value).__name__})."
         )
     if value < 0:

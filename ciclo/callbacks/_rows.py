@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ciclo._short import short
+
 __all__ = ["ELAPSED_COLUMNS", "Row", "Tags", "host_scalar", "numeric"]
 
 ELAPSED_COLUMNS = ("steps", "samples", "time", "completed")
@@ -57,7 +59,7 @@ class Tags:
             raise TypeError(
                 f"ciclo.{owner}: `prefix` must be None, a string such as 'train/', "
                 f"or a dict from a test name to its prefix such as "
-                f"{{'': 'train/', 'test': 'val/'}}; got {prefix!r}."
+                f"{{'': 'train/', 'test': 'val/'}}; got {short(prefix)}."
             )
         self._cache: dict[str, str] = {}
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo._logs import SHOWN_COLLECTIONS
+from ciclo._short import short
 from ciclo.callbacks._rows import Row, Tags
 from ciclo.callbacks._writer import Writer, missing
 
@@ -113,9 +114,9 @@ class tensorboard(Writer):
             raise missing("tensorboard", "tensorboardX", "tensorboard") from None
         super().__init__(collections=collections, max_pending=max_pending, every=every)
         if not isinstance(logdir, str | os.PathLike):
-            raise TypeError(f"`logdir` must be a path, got {logdir!r}.")
+            raise TypeError(f"`logdir` must be a path, got {short(logdir)}.")
         if hparams is not None and not isinstance(hparams, Mapping):
-            raise TypeError(f"`hparams` must be a dict, got {hparams!r}.")
+            raise TypeError(f"`hparams` must be a dict, got {short(hparams)}.")
         self.logdir = os.fspath(logdir)
         self.hparams = dict(hparams) if hparams else None
         self._module, self._files = tensorboardX, event_file_writer

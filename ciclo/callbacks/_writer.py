@@ -70,6 +70,7 @@ from ciclo._interrupts import DEFERRED
 from ciclo._logs import SHOWN_COLLECTIONS
 from ciclo._loop.callback import observer
 from ciclo._loop.state import LoopState
+from ciclo._short import short
 from ciclo._time import Elapsed
 from ciclo._warn import user_line
 from ciclo.callbacks._base import LoopElement
@@ -116,14 +117,14 @@ class Writer(LoopElement):
         ):
             raise TypeError(
                 f"`collections` must be a tuple of collection names such as "
-                f"('losses', 'metrics'), got {collections!r}."
+                f"('losses', 'metrics'), got {short(collections)}."
             )
         for name, value, least in (
             ("max_pending", max_pending, 0),
             ("every", every, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` must be an int (rows), got {value!r}.")
+                raise TypeError(f"`{name}` must be an int (rows), got {short(value)}.")
             if value < least:
                 raise ValueError(f"`{name}` must be >= {least}, got {value}.")
         self.collections = tuple(collections)

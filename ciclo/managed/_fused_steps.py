@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from ciclo._input.fused import check_steps
 from ciclo._logs import OUTPUTS, STATEFUL_METRICS, Logs
+from ciclo._short import short
 from ciclo._time import Elapsed
 
 __all__ = ["FUSED_LOGS", "at_step", "check_fused", "fold"]
@@ -28,7 +29,7 @@ def check_fused(steps_per_call: Any, fused_logs: Any, where: str) -> None:
         raise ValueError(
             f"{where}: fused_logs must be one of {FUSED_LOGS} (a history row per "
             f"fused step, or one row per call with the steps' mean), got "
-            f"{fused_logs!r}."
+            f"{short(fused_logs)}."
         )
 
 

@@ -92,7 +92,7 @@ class ManagedStep(LoopElement):
             )
         if not isinstance(log_grad_norm, bool):
             raise TypeError(
-                f"{kind}: log_grad_norm must be True or False, got {log_grad_norm!r}."
+                f"{kind}: log_grad_norm must be True or False, got {short(log_grad_norm)}."
             )
         if grads_fn is not None:
             if not callable(grads_fn):
