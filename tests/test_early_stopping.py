@@ -189,66 +189,6 @@ def test_numpy_numbers_are_accepted():
     assert stops == [False, False, False, True] and es.best == 1.0
 
 
-def test_a_resumed_run_stops_where_the_uninterrupted_one_does(tmp_path):
-    """The checkpoint keeps early stopping's best value and where it was seen:
-    stopped after step 4 and resumed, the run stops at step 5 as an
-    uninterrupted one does (patience counted from step 3, not from the resume)."""
-    values = [5.0, 4.0, 3.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0]
-
-    def train_step(state, batch):
-        return ciclo.logs().add_loss("loss", 0.0), state + 1
-
-    def test_step(state, batch):
-        return ciclo.logs().add_loss("val", values[state - 1]), state
-
-    def run(directory, stop):
-        return ciclo.train_loop(
-            0, lambda start: range(start, 12),
-            {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
-            test_dataset=lambda: [0], epoch_duration=1, stop=stop,
-            callbacks=[ciclo.early_stopping("val_test", patience=2)],
-            resume=directory,
-        )  # fmt: skip
-
-    _, _, whole = run(tmp_path / "whole", 12)
-    assert whole.steps == 5
-    run(tmp_path / "cut", 4)
-    state, history, resumed = run(tmp_path / "cut", 12)
-    assert (resumed.steps, state) == (5, 5)
-    assert history.collect("steps") == list(range(5))
-
-
-def test_a_best_state_from_before_a_resume_is_said_to_be_gone(tmp_path):
-    """With `restore_best_weights`, the best state seen before a resume is not in
-    the checkpoint (only its value): the stop returns the state it reached and
-    says so, naming where the best state is kept."""
-    values = [5.0, 4.0, 3.0, 4.0, 4.0, 4.0, 4.0, 4.0]
-
-    def train_step(state, batch):
-        return ciclo.logs().add_loss("loss", 0.0), state + 1
-
-    def test_step(state, batch):
-        return ciclo.logs().add_loss("val", values[state - 1]), state
-
-    def run(directory, stop):
-        return ciclo.train_loop(
-            0, lambda start: range(start, 8),
-            {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
-            test_dataset=lambda: [0], epoch_duration=1, stop=stop,
-            callbacks=[
-                ciclo.early_stopping("val_test", patience=2, restore_best_weights=True)
-            ],
-            resume=directory,
-        )  # fmt: skip
-
-    state, _, _ = run(tmp_path / "whole", 8)
-    assert state == 3  # the best state, uninterrupted
-    run(tmp_path / "cut", 4)
-    with pytest.warns(UserWarning, match=r"seen at step 3, before the run was resumed"):
-        state, _, elapsed = run(tmp_path / "cut", 8)
-    assert (state, elapsed.steps) == (5, 5)
-
-
 def _resumable(values, callbacks, directory, stop):
     """A train_loop whose test loop logs `val_test` = values[step - 1] (and
     `other_test` its negation) at each one-step epoch, resuming from `directory`."""
@@ -266,6 +206,40 @@ def _resumable(values, callbacks, directory, stop):
         test_dataset=lambda: [0], epoch_duration=1, stop=stop,
         callbacks=callbacks, resume=directory,
     )  # fmt: skip
+
+
+def test_a_resumed_run_stops_where_the_uninterrupted_one_does(tmp_path):
+    """The checkpoint keeps early stopping's best value and where it was seen:
+    stopped after step 4 and resumed, the run stops at step 5 as an
+    uninterrupted one does (patience counted from step 3, not from the resume)."""
+    values = [5.0, 4.0, 3.0] + [4.0] * 9
+
+    def stops():
+        return [ciclo.early_stopping("val_test", patience=2)]
+
+    _, _, whole = _resumable(values, stops(), tmp_path / "whole", 12)
+    assert whole.steps == 5
+    _resumable(values, stops(), tmp_path / "cut", 4)
+    state, history, resumed = _resumable(values, stops(), tmp_path / "cut", 12)
+    assert (resumed.steps, state) == (5, 5)
+    assert history.collect("steps") == list(range(5))
+
+
+def test_a_best_state_from_before_a_resume_is_said_to_be_gone(tmp_path):
+    """With `restore_best_weights`, the best state seen before a resume is not in
+    the checkpoint (only its value): the stop returns the state it reached and
+    says so, naming where the best state is kept."""
+    values = [5.0, 4.0, 3.0] + [4.0] * 5
+
+    def stops():
+        return [ciclo.early_stopping("val_test", 2, restore_best_weights=True)]
+
+    state, _, _ = _resumable(values, stops(), tmp_path / "whole", 8)
+    assert state == 3  # the best state, uninterrupted
+    _resumable(values, stops(), tmp_path / "cut", 4)
+    with pytest.warns(UserWarning, match=r"seen at step 3, before the run was resumed"):
+        state, _, elapsed = _resumable(values, stops(), tmp_path / "cut", 8)
+    assert (state, elapsed.steps) == (5, 5)
 
 
 def test_a_finished_early_stopped_run_run_again_trains_nothing(tmp_path):
