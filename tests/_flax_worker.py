@@ -182,6 +182,8 @@ def main() -> None:
         logs, state = state.train_step((xw, yw, ww))
         trained[strategy] = state.with_strategy("jit").params
         out[f"padded_train_loss_{strategy}"] = float(logs.losses.loss)
+        # the running mean `avg_loss` counts the batch once, combined as the loss
+        out[f"padded_train_avg_{strategy}"] = float(logs.stateful_metrics.avg_loss)
     for strategy in ("data_parallel", "sharded"):
         out[f"padded_train_{strategy}_diff"] = max_diff(
             trained["jit"], trained[strategy]

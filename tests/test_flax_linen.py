@@ -357,6 +357,10 @@ def test_data_parallel_equals_jit_on_4_devices():
             out[f"padded_train_loss_{strategy}"], out["padded_train_loss_jit"],
             rtol=1e-6, err_msg=strategy,
         )  # fmt: skip
+        np.testing.assert_allclose(
+            out[f"padded_train_avg_{strategy}"], out["padded_train_avg_jit"],
+            rtol=1e-6, err_msg=strategy,
+        )  # fmt: skip
 
 
 def make_bn_dropout(key, strategy="jit"):

@@ -220,6 +220,7 @@ class Objectives:
         sown_losses: Mapping[str, Any],
         sown_metrics: Mapping[str, Any],
         metric_states: Mapping[str, Any],
+        combine: Callable[[Any], Any] | None = None,
     ) -> tuple[Logs, dict[str, Any]]:
         """Computes the losses, the sown values and the metrics of one batch.
 
@@ -228,6 +229,10 @@ class Objectives:
                 place with each computed loss).
             sown_losses / sown_metrics: reduced values the module sowed.
             metric_states: the accumulated stateful metrics.
+            combine: a loss's value combined across the devices the step runs
+                on (weighted by their slices' weights), for its running mean
+                `avg_<loss>`, which then counts each batch once under every
+                strategy; None: the value as it is (one program).
 
         Returns:
             `(logs, new_metric_states)`; logs hold `losses`, `metrics` and the
@@ -254,7 +259,8 @@ class Objectives:
             logs.add_stateful_metric(name, states[name])
         for loss, avg in self.averages.items():
             if loss in losses and avg in states:
-                states[avg] = states[avg].merge(RunningMean.of(losses[loss]))
+                value = losses[loss] if combine is None else combine(losses[loss])
+                states[avg] = states[avg].merge(RunningMean.of(value))
                 logs.add_stateful_metric(avg, states[avg])
         return logs, states
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -89,8 +90,9 @@ def _forward(
         available["sample_weight"] = b.sample_weight
         available.setdefault("mask", b.sample_weight)
     logs, metric_states = state.config.objectives.evaluate(
-        available, out.sown_losses, out.sown_metrics, state.metric_states
-    )
+        available, out.sown_losses, out.sown_metrics, state.metric_states,
+        _combine(state, b.sample_weight),
+    )  # fmt: skip
     if b.sample_weight is not None:  # the batch's weight, summed across devices:
         # each device's averages (and a train step's gradients) count by their
         # slice's weight, and test averages by the batch's (padded rows weigh 0)
@@ -98,6 +100,19 @@ def _forward(
             WEIGHTS, SAMPLE_WEIGHT, total_weight(b.sample_weight), aggregation="sum"
         )
     return logs, out, metric_states
+
+
+def _combine(state: FlaxState, sample_weight: Any) -> Callable[[Any], Any] | None:
+    """How a value of this device's slice is combined across the devices the
+    step runs on (`data_parallel`: weighted by the slices' sample weights, as
+    the step's logs are); None when the step is one program."""
+    collectives = getattr(getattr(state, "strategy", None), "collectives", None)
+    if collectives is None or collectives.axis_name is None:
+        return None
+    if sample_weight is None:
+        return collectives.mean
+    weight = total_weight(sample_weight)
+    return lambda value: collectives.weighted_mean(value, weight)
 
 
 def _train(state: FlaxState, batch: Any) -> tuple[Logs, FlaxState]:
