@@ -228,21 +228,18 @@ def as_numpy(batch: Any) -> Any:
     array shares its memory (no copy); a GPU tensor, or one that requires grad,
     is copied to the host."""
     types = _tensor_types()
+    torch = sys.modules.get("torch")
 
     def host(x: Any) -> Any:
         if not isinstance(x, types):
             return x
-        if str(getattr(x, "dtype", "")) == "torch.bfloat16":  # numpy has none:
-            import ml_dtypes  # jax's own bfloat16, read from the same bits
+        if torch is None or not isinstance(x, torch.Tensor):
+            return x.numpy()  # TensorFlow's
+        if x.dtype == torch.bfloat16:  # numpy has none: jax's, from the same bits
+            import ml_dtypes
 
-            bits = x.detach().cpu().view(sys.modules["torch"].int16)
-            return bits.numpy().view(ml_dtypes.bfloat16)
-        to_numpy = getattr(x, "numpy", None)
-        if to_numpy is None:
-            return np.asarray(x)
-        if isinstance(x, sys.modules["torch"].Tensor if "torch" in sys.modules else ()):
-            return to_numpy(force=True)  # torch: detached, on the host
-        return to_numpy()  # TensorFlow's
+            return x.detach().cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return x.numpy(force=True)  # detached, on the host
 
     return jax.tree.map(host, batch)
 

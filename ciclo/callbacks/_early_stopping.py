@@ -109,7 +109,6 @@ class EarlyStopping:
         not kept: after a resume it is the best seen since."""
         since = self.best_elapsed
         return {
-            "monitor": [self.monitor.name, self.monitor.mode],
             "stopped": self.stopped_elapsed is not None,
             "best": self.best,
             "best_elapsed": None
@@ -119,13 +118,9 @@ class EarlyStopping:
 
     def __loop_restore__(self, saved: Any) -> None:
         """Takes back what `__loop_state__` gave, when a loop resumes from a
-        checkpoint (again at `train_loop`'s start, which resets otherwise)."""
+        checkpoint (again at `train_loop`'s start, which resets otherwise). Only
+        a state saved for the same monitor and mode comes back (its key)."""
         if not isinstance(saved, dict):
-            return
-        if saved.get("monitor", [self.monitor.name, self.monitor.mode]) != [
-            self.monitor.name,
-            self.monitor.mode,
-        ]:  # saved for another monitor (the command changed): starts fresh
             return
         self._apply(saved)
         self._resumed = saved
