@@ -16,4 +16,5 @@ t() { echo "### $(date -u +%H:%M:%S) $*"; }
 # the same host work on this machine's CPU (the loop-overhead targets of issue 31)
 { t observers-cpu; JAX_PLATFORMS=cpu timeout 70 python3 benchmarks/observers.py --steps 2000 --rounds 5; } 2>&1 | tee "$OUT/observers_cpu.txt"
 { t vs_raw-cpu; JAX_PLATFORMS=cpu timeout 50 python3 benchmarks/vs_raw.py --only "ciclo.loop" "train_loop + keras_bar + history" --rounds 5; } 2>&1 | tee "$OUT/vs_raw_cpu.txt"
+{ t host_work-cpu; JAX_PLATFORMS=cpu timeout 45 python3 benchmarks/host_work.py --rounds 7; } 2>&1 | tee "$OUT/host_work_cpu.txt"
 t done
