@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# step_gap.py on the device machine in one call: the paired table on the GPU and on
+# the host's CPU, and py-spy profiles of raw / direct / loop on the GPU.
+#   run: bash benchmarks/gpu_gap.sh   (carry: .whl, with py-spy's wheel among them)
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STEPS=${STEPS:-4096}; ROUNDS=${ROUNDS:-7}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PATH=/tmp/site/bin:$PATH
+cd benchmarks
+t() { echo "### $(date -u +%H:%M:%S) $*"; }
+{ t gap-device; timeout 90 python3 step_gap.py --steps "$STEPS" --rounds "$ROUNDS"; } 2>&1 | tee "$OUT/gap_device.txt"
+{ t gap-cpu; JAX_PLATFORMS=cpu timeout 60 python3 step_gap.py --steps 2048 --rounds 5; } 2>&1 | tee "$OUT/gap_cpu.txt"
+for v in raw direct loop; do
+  timeout 40 py-spy record -r 250 -f raw -o "$OUT/spy_$v.txt" -- python3 step_gap.py --profile $v --steps "$STEPS" --rounds 3 > /dev/null 2>&1
+  { t "spy $v"; python3 step_gap.py --summarize "$OUT/spy_$v.txt" | head -40; } 2>&1 | tee "$OUT/spy_${v}_summary.txt"
+done
+t done
