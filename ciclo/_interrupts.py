@@ -43,6 +43,7 @@ __all__ = [
     "DEFERRED",
     "Scope",
     "deferred",
+    "held",
     "preempted",
     "reached_preemption",
     "scope",
@@ -72,6 +73,18 @@ class Scope:
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.preempted = True
+
+    # -- the loop's commit (`held`) ----------------------------------------------
+    def hold(self) -> None:
+        """`deferred()`'s entry where SIGINT is already the scope's (main thread)."""
+        self.busy += 1
+
+    def release(self, *exc: Any) -> None:
+        """`deferred()`'s exit likewise: a SIGINT held meanwhile is raised now."""
+        self.busy -= 1
+        if self.pending and self.busy == 0:
+            self.pending = False
+            raise KeyboardInterrupt
 
     def _take(self, signum: int, default: Any, handler: Any) -> bool:
         """Installs `handler` for `signum` where `default` is in place."""
@@ -230,6 +243,17 @@ class _Deferred:
 
 
 DEFERRED = _Deferred()
+
+
+def held() -> tuple[Callable[[], None], Callable[..., None]]:
+    """`(enter, exit)` of a `deferred()` block for a loop's per-batch commit:
+    the scope's own `hold`/`release` while it has SIGINT in this (the main)
+    thread, the general `DEFERRED` otherwise. Resolved once per `loop` call,
+    so the commit pays no thread check per batch."""
+    s = _SCOPE
+    if _main_thread() and s.installed_int:
+        return s.hold, s.release
+    return DEFERRED.__enter__, DEFERRED.__exit__
 
 
 def deferred() -> _Deferred:

@@ -44,7 +44,7 @@ def compiles_per_shape(callback: Any) -> bool:
     )
 
 
-def _signature(batch: Any) -> tuple[Any, ...]:
+def signature(batch: Any) -> tuple[Any, ...]:
     """The shapes of a batch's leaves (a fused call's: of one step's batch)."""
     kind = type(batch)
     if kind is tuple or kind is list:  # (x, y): the common case, no flatten
@@ -92,15 +92,18 @@ class ShapeWatch:
         self.last: tuple[Any, ...] | None = None  # the previous batch's shapes
         self.done = False
 
-    def __call__(self, batch: Any, name: str) -> None:
+    def __call__(self, batch: Any, name: str, shapes: Any = None) -> None:
+        """Notes `batch`'s leaf shapes (`shapes`, when the caller has them
+        already: `signature(batch)`); warns once at `LIMIT` distinct ones."""
         if self.done or batch is None:
             return
-        signature = _signature(batch)
-        if signature == self.last:  # the common case: compared, not hashed
+        if shapes is None:
+            shapes = signature(batch)
+        if shapes == self.last:  # the common case: compared, not hashed
             return
-        self.last = signature
-        if signature not in self.seen:
-            self.seen[signature] = None
+        self.last = shapes
+        if shapes not in self.seen:
+            self.seen[shapes] = None
             if len(self.seen) >= LIMIT:
                 self.done = True
                 self._warn(name)

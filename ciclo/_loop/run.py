@@ -18,10 +18,11 @@ from typing import Any
 
 from ciclo import _time
 from ciclo._input.batch import Steps, batch_size
-from ciclo._interrupts import DEFERRED
+from ciclo._interrupts import DEFERRED, held
 from ciclo._logs import Logs
 from ciclo._loop.runners import ScheduleBlame, fired
 from ciclo._loop.state import committed
+from ciclo._shapes import signature as shapes_of
 from ciclo._time import new_elapsed
 
 __all__ = ["Run"]
@@ -61,6 +62,10 @@ class Run:
         new_logs = Logs.__new__  # an empty Logs, without a Python __init__ call
         now = _time._time.time  # ciclo's clock (`Elapsed.update`'s)
         watch = self.watch
+        hold, release = held()  # Ctrl-C deferred around each commit
+        # a batch's size is read from its leaf shapes: computed again only when
+        # they change (a user's `batch_size_fn` is called for every batch)
+        shapes, size = None, 0
         if stop is not None and stop.reached(current):
             iterator = iter(())
         elif watch is not None and watch(current.steps):  # SIGTERM while resuming
@@ -83,9 +88,16 @@ class Run:
                     current.date_start,
                 )
             else:
+                if size_fn is None:
+                    seen = shapes_of(batch)
+                    if seen != shapes:
+                        shapes, size = seen, batch_size(batch)
+                    ls._shapes = (batch, seen)  # the shape watch's too
+                else:
+                    size = batch_size(batch, size_fn)
                 after = new_elapsed(
                     current.steps + 1,
-                    current.samples + batch_size(batch, size_fn),
+                    current.samples + size,
                     now(),
                     current.date_start,
                 )
@@ -113,7 +125,8 @@ class Run:
                         break
             self.done = True
             logs = ls.logs
-            with DEFERRED:  # Ctrl-C meanwhile: raised once the batch has counted
+            hold()  # Ctrl-C meanwhile: raised once the batch has counted
+            try:
                 # the history's own commit, inside this block (`ls.logs` is a Logs)
                 if type(batch) is Steps and batch.rows is not None:
                     self.rows = history._rows  # len(history), without a call
@@ -134,6 +147,8 @@ class Run:
                         committed(ls)
                 current = self.current = after
                 self.in_batch = False
+            finally:
+                release()
             if ls._after_commit:
                 self.after_commit()
             if watch is not None and watch(after.steps):  # SIGTERM: stop here

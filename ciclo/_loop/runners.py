@@ -67,7 +67,8 @@ def runner(
         else:  # a compiled step's batch shapes are watched first (one call less)
 
             def run(ls: LoopState) -> None:
-                watch(ls.batch, shown_as)
+                batch, shapes = ls._shapes  # read by `Run` for this batch
+                watch(ls.batch, shown_as, shapes if batch is ls.batch else None)
                 out = loop_callback(ls)
                 if out is not None:
                     apply(out, ls)
@@ -100,7 +101,8 @@ def runner(
         called = run
 
         def run(ls: LoopState) -> None:
-            watch(ls.batch, shown_as)
+            batch, shapes = ls._shapes  # read by `Run` for this batch
+            watch(ls.batch, shown_as, shapes if batch is ls.batch else None)
             called(ls)
 
     run.where = f"{where} ({shown_as})"

@@ -72,6 +72,7 @@ class LoopState:
         "_fresh",
         "_interrupted",
         "_nan_guard",
+        "_shapes",
         "_table",
         "_unmerged",
         "batch",
@@ -105,6 +106,7 @@ class LoopState:
     _after_commit: list[Callable[..., None]]
     _nan_guard: Any
     _interrupted: bool
+    _shapes: tuple[Any, Any]  # (the batch, its leaf shapes), set by `Run`
 
     def __init__(
         self,
@@ -127,6 +129,7 @@ class LoopState:
         self._after_commit = []  # run once the step's row is committed
         self._nan_guard = None  # a `nan_guard` running in this loop
         self._interrupted = False  # Ctrl-C ended the loop (set for the end hooks)
+        self._shapes = (None, None)  # the batch's shapes, for the shape watch
         self._table = None  # the loop's `HookTable` (its kept objects' states)
         self.stop_iteration = False
         self.stopping = False  # stop_after_batch() was called
