@@ -83,6 +83,7 @@ def test_python_is_fenced_as_python(page):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=IDS)
 def test_the_page_runs_as_pasted(page, tmp_path):
     if not python_blocks(page):

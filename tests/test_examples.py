@@ -20,6 +20,7 @@ def _env(**extra: str) -> dict:
     return dict(os.environ, PYTHONPATH=path, **extra)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs(path, tmp_path):
     env = _env(CICLO_EXAMPLE_STEPS="30", CICLO_EXAMPLE_DIR=str(tmp_path))
@@ -63,6 +64,7 @@ def test_docs_loop_language_snippet_runs(tmp_path):
     assert "step 150:" in result.stdout
 
 
+@pytest.mark.slow
 def test_docs_observability_snippet_runs(tmp_path):
     page = (ROOT / "docs" / "observability.md").read_text()
     code = re.search(r"```python\n(.*?)```", page, re.S).group(1)

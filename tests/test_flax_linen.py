@@ -303,6 +303,7 @@ def test_dropout_key_is_fresh_each_step_and_batchnorm_modes():
     )
 
 
+@pytest.mark.slow
 def test_data_parallel_equals_jit_on_4_devices():
     """Linen CNN (BatchNorm + Dropout) and an NNX net under `jit` vs `data_parallel`.
 

@@ -172,6 +172,7 @@ def four_devices() -> dict:
     return fused_results()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["jit", "data_parallel", "sharded"])
 def test_fused_equals_single_steps_on_four_devices(four_devices, name):
     single, fused = four_devices[name]["single"], four_devices[name]["fused"]

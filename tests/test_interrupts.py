@@ -163,6 +163,7 @@ def _rows(history):
 @pytest.mark.parametrize(
     "value", [int, lambda b: jnp.float32(b)], ids=["python", "device"]
 )
+@pytest.mark.slow
 def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
     ready = _transfer.Transfer.ready
 

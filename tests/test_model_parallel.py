@@ -65,6 +65,7 @@ def max_diff(a, b) -> float:
     return max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in pairs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rules", "fsdp", "rules_1x4", "donate"])
 def test_params_after_20_steps_equal_jit(trained, name):
     assert max_diff(trained[name], trained["jit"]) < TOL

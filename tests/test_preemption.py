@@ -33,6 +33,7 @@ NOISE = ("Traceback", "Exception ignored", "cannot schedule new futures", "Error
 
 
 # -- Ctrl-C as a save starts --------------------------------------------------------
+@pytest.mark.slow
 def test_ctrl_c_as_a_save_starts_finishes_the_save_and_exits_promptly(tmp_path):
     tries = 26  # 20 as the save starts, then 6 as the loop's end waits for it
     start = time.monotonic()

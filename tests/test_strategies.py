@@ -29,6 +29,7 @@ def max_diff(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_same_params_as_jit_after_training(results, name):
     assert max_diff(results["params"][name], results["params"]["jit"]) < TOL

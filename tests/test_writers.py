@@ -553,6 +553,7 @@ def wandb_history_steps(run_dir, key):
 @pytest.mark.parametrize(
     "name", ["tensorboard", "csv_logger", "jsonl_logger", "wandb_logger"]
 )
+@pytest.mark.slow
 def test_writer_survives_sigint_in_a_subprocess(sigint_run, name):
     out, result = sigint_run
     if name not in result["writers"]:
