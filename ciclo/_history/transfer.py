@@ -28,7 +28,17 @@ try:  # the scope `jax.device_get` marks its own transfers explicit with
 except ImportError:  # pragma: no cover - a jax that moved it
     _explicit_scope = None
 
-__all__ = ["Row", "Transfer", "explicit", "fetch", "get", "now", "rows", "start"]
+__all__ = [
+    "Row",
+    "Stacked",
+    "Transfer",
+    "explicit",
+    "fetch",
+    "get",
+    "now",
+    "rows",
+    "start",
+]
 
 
 def explicit() -> contextlib.AbstractContextManager:
@@ -81,7 +91,38 @@ def start(groups: list[list[Any]]) -> Transfer:
     jax's concrete array type is learnt here, per call, from the first value
     that is a `jax.Array` (a column may start with a fused call's `Row`): no
     state outlives the call."""
-    return _begin(groups, stack=True)
+    stacked = _scalars(groups)
+    return stacked if stacked is not None else _begin(groups, stack=True)
+
+
+def _scalars(groups: list[list[Any]]) -> Stacked | None:
+    """`start`'s common case (unfused steps logging device scalars) in one pass:
+    every value a device scalar of one dtype, none twice, stacked at once and
+    split per group on the host; None for anything else (`_begin` plans it)."""
+    first = groups[0][0] if groups and groups[0] else None
+    if not isinstance(first, jax.Array):
+        return None
+    impl, aval = type(first), first.aval
+    dtype = aval.dtype
+    if aval.shape != () or dtype.kind not in "iuf":
+        return None
+    values: list[Any] = []
+    sizes = []
+    for group in groups:
+        for v in group:  # a loop, no call per value
+            if type(v) is not impl:
+                return None
+            aval = v.aval
+            if aval.dtype is not dtype or aval.shape != ():
+                return None
+        values.extend(group)
+        sizes.append(len(group))
+    if len(set(map(id, values))) != len(values):  # a value in two groups or rows
+        return None
+    stacked = _stack_scalars(values)
+    if type(stacked) is list:  # not stackable (e.g. on different devices)
+        return None
+    return Stacked(stacked, sizes)
 
 
 def _begin(groups: list[list[Any]], *, stack: bool) -> Transfer:
@@ -222,6 +263,35 @@ class Transfer:
                 out.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
             else:
                 out.append([v for p in parts for v in p])
+        return out
+
+
+class Stacked:
+    """`Transfer` for `_scalars`' case: one stacked array on its way to the host,
+    `result()` its slices (one numpy array per group)."""
+
+    __slots__ = ("_sizes", "_stacked")
+
+    def __init__(self, stacked: jax.Array, sizes: list[int]):
+        with explicit(), contextlib.suppress(Exception):  # as `Transfer` starts it
+            stacked.copy_to_host_async()
+        self._stacked, self._sizes = stacked, sizes
+
+    def ready(self) -> bool:
+        """Whether the stack is computed (a failed one counts as computed)."""
+        try:
+            return self._stacked.is_ready()
+        except Exception:
+            return True
+
+    def result(self) -> list[np.ndarray]:
+        """Each group's values on the host, a numpy array each."""
+        with explicit():
+            host = np.asarray(self._stacked)
+        out, at = [], 0
+        for n in self._sizes:
+            out.append(host[at : at + n])
+            at += n
         return out
 
 
