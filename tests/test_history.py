@@ -141,6 +141,11 @@ def test_device_values_are_fetched_lagged_in_batches(monkeypatch):
     monkeypatch.setattr(
         transfer.Transfer, "result", lambda self: read.append(1) or result(self)
     )
+    # device scalars of one dtype take the one-stack path (`transfer.Stacked`)
+    stacked_result = transfer.Stacked.result
+    monkeypatch.setattr(
+        transfer.Stacked, "result", lambda self: read.append(1) or stacked_result(self)
+    )
     history = ciclo.history(lag=10)
     _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(45)])
     # every 10 commits the rows committed since start one transfer; one started

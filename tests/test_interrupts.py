@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import pytest
 
 import ciclo
-from ciclo import _time
+from ciclo import _interrupts, _shapes, _time
 from ciclo._history import columns as _columns
 from ciclo._history import history as _history
 from ciclo._history import transfer as _transfer
@@ -64,6 +64,13 @@ WATCHED = {
         _transfer.Transfer.__init__,
         _transfer.Transfer.ready,
         _transfer.Transfer.result,
+        _transfer._scalars,
+        _transfer.Stacked.__init__,
+        _transfer.Stacked.ready,
+        _transfer.Stacked.result,
+        _interrupts.Scope.hold,
+        _interrupts.Scope.release,
+        _shapes.signature,
         _columns.Column.extend,
         Run.batches,
         Apply.__call__,
@@ -172,7 +179,14 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
             array.block_until_ready()
         return ready(transfer)
 
+    stacked_ready = _transfer.Stacked.ready
+
+    def stacked_computed(transfer):  # likewise for the one-stack path
+        transfer._stacked.block_until_ready()
+        return stacked_ready(transfer)
+
     monkeypatch.setattr(_transfer.Transfer, "ready", computed)
+    monkeypatch.setattr(_transfer.Stacked, "ready", stacked_computed)
     _run(value, None)  # a first transfer finds jax's array type: a line more
     _, reference, _, trace = _run(value, None)
     total = trace.lines
@@ -214,8 +228,9 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
         "batch_size",
     } <= points
     assert "new_elapsed" in points  # the next batch's clock (`Run.batches`)
-    if value is not int:
-        assert {"start", "Transfer.result", "Column.extend"} <= points
+    if value is not int:  # device scalars of one dtype: the one-stack path
+        assert {"start", "_scalars", "Stacked.result", "Column.extend"} <= points
+    assert {"Scope.hold", "Scope.release"} <= points  # the commit's deferral
 
 
 @pytest.mark.parametrize("value", [int, jnp.float32], ids=["python", "device"])
