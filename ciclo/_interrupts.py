@@ -79,7 +79,7 @@ class Scope:
         """`deferred()`'s entry where SIGINT is already the scope's (main thread)."""
         self.busy += 1
 
-    def release(self, *exc: Any) -> None:
+    def release(self) -> None:
         """`deferred()`'s exit likewise: a SIGINT held meanwhile is raised now."""
         self.busy -= 1
         if self.pending and self.busy == 0:
