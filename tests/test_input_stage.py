@@ -366,3 +366,77 @@ def test_a_fused_run_resumes_exactly_from_its_data_position(tmp_path, prefetch):
     assert fresh.read == 4  # set to batch 8: no warning about reading back
     assert history.collect("steps", "x_seen") == straight.collect("steps", "x_seen")
     assert history.collect("x_seen") == [float(i) for i in range(12)]
+
+
+# --- the copy made before reading on to learn a pass end (API.md §9) -----------
+
+
+class Opaque:
+    """A callback object that does not say whether it reads the batch."""
+
+    def __init__(self):
+        self.seen: list[float] = []
+
+    def __loop_callback__(self, loop_state):
+        self.seen.append(float(np.asarray(loop_state.batch[0])[0, 0]))
+
+
+def _copies(monkeypatch):
+    from ciclo._input import batch as batch_module
+
+    made = []
+    original = batch_module.host_copy
+
+    def counting(batch):
+        made.append(1)
+        return original(batch)
+
+    monkeypatch.setattr(batch_module, "host_copy", counting)
+    return made
+
+
+def test_no_batch_is_copied_when_nothing_after_the_epoch_end_check_reads_it(
+    monkeypatch, capsys
+):
+    """A bar, a writer-free epoch-end callback of the state alone: nothing reads
+    the batch after the pass-end check, so no batch is copied, and training
+    still sees every batch of a refilling loader."""
+    made = _copies(monkeypatch)
+    step = managed.train_step(seen)
+    ends: list[int] = []
+    tasks = {
+        ciclo.on_train_step: step,
+        ciclo.on_epoch_end: lambda state: ends.append(1),
+    }
+    _, history, elapsed = ciclo.train_loop(
+        create(), RefillingLoader(), tasks, epochs=2, prefetch=0,
+        callbacks=[ciclo.keras_bar(total=2 * N)],
+    )  # fmt: skip
+    assert elapsed.steps == 2 * N and ends == [1, 1]
+    assert history.collect("x_seen") == [float(i % N) for i in range(2 * N)]
+    assert made == []
+
+
+@pytest.mark.parametrize("reader", ["function", "object"])
+def test_a_batch_is_copied_when_a_callback_after_the_check_may_read_it(
+    monkeypatch, reader
+):
+    """A function declaring `batch`, or an object that does not say it never
+    reads it, runs after the pass-end check: each batch is copied before the
+    next is read, and that callback gets its own batch's values."""
+    made = _copies(monkeypatch)
+    step = managed.train_step(seen)
+    after: list[float] = []
+    opaque = Opaque()
+    callback = (
+        (lambda state, batch: after.append(float(batch[0][0, 0])))
+        if reader == "function"
+        else opaque
+    )
+    tasks = {ciclo.on_train_step: step, ciclo.on_train_batch_end: callback}
+    tasks[ciclo.on_epoch_end] = lambda state: None  # the check runs every batch
+    _, history, _ = ciclo.train_loop(create(), RefillingLoader(), tasks, prefetch=0)
+    got = after if reader == "function" else opaque.seen
+    assert got == [float(i) for i in range(N)]  # not [1, 2, ..., 7, 7]
+    assert history.collect("x_seen") == [float(i) for i in range(N)]
+    assert len(made) == N

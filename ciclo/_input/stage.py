@@ -97,6 +97,10 @@ class Inputs:
         self._marks: collections.deque = collections.deque(maxlen=4)
         self.handed = 0
         self.empty = True
+        # whether a batch is copied before the next one is read to learn its pass
+        # end: the loop turns it off when nothing after that check reads the
+        # batch (`ciclo._loop.loop`)
+        self.keep_batches = True
         self._open()
 
     @property
@@ -178,7 +182,8 @@ class Inputs:
         """Whether `item`, the last handed out, is the last of its pass. When not
         known yet, reads the next item of the pass (handed out next); `item`'s
         batch is copied first unless it is ciclo's own (reading on may refill
-        the buffer it lives in). When the dataset raises reading it, the pass
+        the buffer it lives in) or nothing reads it after this check
+        (`keep_batches` off). When the dataset raises reading it, the pass
         did not end and the error is raised when that batch is due."""
         if item.last_of_pass is None:
             counted, left = self._counted, self._left
@@ -189,7 +194,8 @@ class Inputs:
             ):
                 item.last_of_pass = counted.__length_hint__() == 0
                 return item.last_of_pass
-            item.keep()
+            if self.keep_batches:
+                item.keep()
             try:
                 self._ahead = self._pull()
             except Exception as error:

@@ -9,6 +9,12 @@ path (the hooks are read by `ciclo._loop.hooks`). A callback stops the loop by s
 (after the current callback) or calling `loop_state.stop_after_batch()` (at the end
 of the current batch). `loop`, the managed steps and the Flax state all read
 callbacks through this module.
+
+An object whose hooks never read `loop_state.batch` says so with a class attribute
+`reads_batch = False` (ciclo's bars, writers and guards): when no callback reads
+the batch after the epoch-end check, the loop does not copy it before reading the
+next one (`ciclo._loop.runners.reads_batch_after_pass_end`). A function reads it
+when it declares `batch`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,13 @@ from ciclo._interrupts import scope as interrupt_scope
 from ciclo._logs import Logs
 from ciclo._loop.hooks import HookTable
 from ciclo._loop.run import Run
-from ciclo._loop.runners import abandon, finish, make_plan, runners
+from ciclo._loop.runners import (
+    abandon,
+    finish,
+    make_plan,
+    reads_batch_after_pass_end,
+    runners,
+)
 from ciclo._loop.state import LoopState, read_from
 from ciclo._loop.state import interrupted as set_interrupted
 from ciclo._period import Period, as_period
@@ -229,6 +235,9 @@ def _run(
     outer, history._live = history._live, ls
     end_hooks.append(lambda ls: setattr(history, "_live", outer))
     read_from(ls, data)
+    # a batch is copied before the next is read to learn its pass end only when
+    # a callback may read it after that (a loader may refill its buffer)
+    data.keep_batches = reads_batch_after_pass_end(plan, end)
     # the input stage's count of a batch's samples (global across processes)
     run = Run(ls, plan, start, stop_period, data.batch_size_fn)
     if scope is not None and scope.claim(run):  # stops after a step on SIGTERM

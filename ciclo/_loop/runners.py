@@ -26,6 +26,7 @@ __all__ = [
     "finish",
     "fired",
     "make_plan",
+    "reads_batch_after_pass_end",
     "runner",
     "runners",
 ]
@@ -74,6 +75,9 @@ def runner(
                     apply(out, ls)
 
         run.where = f"{where} ({shown_as})"
+        # an object's hooks get the loop state: they may read its batch unless
+        # its class says otherwise (ciclo's observers: `reads_batch = False`)
+        run.reads_batch = getattr(callback, "reads_batch", True) is not False
         return run
     if not callable(callback):
         raise TypeError(
@@ -106,7 +110,22 @@ def runner(
             called(ls)
 
     run.where = f"{where} ({shown_as})"
+    run.reads_batch = n >= 2  # declares `batch` (or more)
     return run
+
+
+def reads_batch_after_pass_end(
+    plan: list[tuple[Any, bool, list[Runner]]], end: list[Runner]
+) -> bool:
+    """Whether a callback may read a batch after the loop learned whether it ends
+    its pass (the first epoch-end schedule of `plan`, which may read the next
+    batch, refilling a loader's buffer): a runner of that schedule or a later
+    one, or of `on_end`. False when no schedule asks (nothing is read ahead)."""
+    for i, (schedule, _, _) in enumerate(plan):
+        if getattr(schedule, "asks_pass_end", False) is True:
+            later = [run for _, _, runs in plan[i:] for run in runs]
+            return any(getattr(run, "reads_batch", True) for run in [*later, *end])
+    return False
 
 
 def _as_list(callbacks: Any) -> list[Any]:

@@ -359,6 +359,8 @@ class Place(Schedule):
         self.condition = None if condition is None else condition.fresh()
         self.reads_loop_state = epoch is not None or self.condition is not None
         self.every_batch = not self.reads_loop_state  # no epoch, no condition
+        # deciding the epoch end may read the next batch of the pass (`Run`)
+        self.asks_pass_end = epoch is not None and not begin
 
     def __call__(self, elapsed_or_loop_state: Elapsed | LoopState) -> bool:
         x = elapsed_or_loop_state

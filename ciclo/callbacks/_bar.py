@@ -60,6 +60,8 @@ class ProgressBar(LoopElement):
             the bar's stream is not a terminal.
     """
 
+    reads_batch = False  # its hooks never read the loop's batch
+
     def __init__(
         self,
         total: int | Period | None,
@@ -345,6 +347,8 @@ class ProgressBar(LoopElement):
 
 class _EpochEnd:
     """A bar's `on_epoch_end`: tells the bar the current batch ends an epoch."""
+
+    reads_batch = False  # its hooks never read the loop's batch
 
     __slots__ = ("bar",)
 

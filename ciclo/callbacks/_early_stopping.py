@@ -56,6 +56,8 @@ class EarlyStopping:
         stopped_elapsed: the `Elapsed` at which it asked to stop, else None.
     """
 
+    reads_batch = False  # its hooks never read the loop's batch
+
     def __init__(
         self,
         monitor: str,

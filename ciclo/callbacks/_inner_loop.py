@@ -60,6 +60,8 @@ class InnerLoop:
     See `inner_loop` for the arguments.
     """
 
+    reads_batch = False  # its hooks never read the loop's batch
+
     def __init__(
         self,
         name: str,

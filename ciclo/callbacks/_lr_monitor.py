@@ -136,6 +136,8 @@ class lr_monitor(LoopElement):
         [1.0, 0.75, 0.5, 0.25]
     """
 
+    reads_batch = False  # its hooks never read the loop's batch
+
     def __init__(
         self,
         schedule: Callable[[Any], Any] | None = None,

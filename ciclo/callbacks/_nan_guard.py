@@ -132,6 +132,8 @@ class nan_guard(LoopElement):
         ((3, 'losses.loss'), 3, 4)
     """
 
+    reads_batch = False  # its hooks never read the loop's batch
+
     def __init__(
         self,
         watch: str | list[str] | tuple[str, ...] | None = None,

@@ -28,6 +28,8 @@ class NoOp:
         True
     """
 
+    reads_batch = False  # its hooks never read the loop's batch
+
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         return None
 

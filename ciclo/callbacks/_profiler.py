@@ -53,6 +53,8 @@ class profiler(LoopElement):
         ((1, 3), True)
     """
 
+    reads_batch = False  # its hooks never read the loop's batch
+
     def __init__(self, logdir: str | os.PathLike, *, start: int = 10, steps: int = 5):
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise ValueError(

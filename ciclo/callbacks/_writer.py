@@ -105,6 +105,8 @@ class Writer(LoopElement):
             history's `lag`); in a loop the loop's history sets the cadence.
     """
 
+    reads_batch = False  # its hooks never read the loop's batch
+
     def __init__(
         self,
         *,
