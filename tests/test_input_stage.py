@@ -396,11 +396,12 @@ def _copies(monkeypatch):
 
 
 def test_no_batch_is_copied_when_nothing_after_the_epoch_end_check_reads_it(
-    monkeypatch, capsys
+    monkeypatch, capsys, tmp_path
 ):
-    """A bar, a writer-free epoch-end callback of the state alone: nothing reads
-    the batch after the pass-end check, so no batch is copied, and training
-    still sees every batch of a refilling loader."""
+    """A bar, a checkpoint, a CSV writer and an epoch-end callback of the state
+    alone: nothing reads the batch after the pass-end check, so no batch is
+    copied, training still sees every batch of a refilling loader, and the
+    checkpoint and the writer hold every step."""
     made = _copies(monkeypatch)
     step = managed.train_step(seen)
     ends: list[int] = []
@@ -408,13 +409,20 @@ def test_no_batch_is_copied_when_nothing_after_the_epoch_end_check_reads_it(
         ciclo.on_train_step: step,
         ciclo.on_epoch_end: lambda state: ends.append(1),
     }
+    callbacks = [
+        ciclo.keras_bar(total=2 * N),
+        ciclo.checkpoint(tmp_path / "ckpt"),
+        ciclo.csv_logger(tmp_path / "log.csv"),
+    ]
     _, history, elapsed = ciclo.train_loop(
-        create(), RefillingLoader(), tasks, epochs=2, prefetch=0,
-        callbacks=[ciclo.keras_bar(total=2 * N)],
-    )  # fmt: skip
+        create(), RefillingLoader(), tasks, epochs=2, prefetch=0, callbacks=callbacks
+    )
     assert elapsed.steps == 2 * N and ends == [1, 1]
     assert history.collect("x_seen") == [float(i % N) for i in range(2 * N)]
     assert made == []
+    _, at = ciclo.restore(tmp_path / "ckpt", create())
+    assert at.steps == 2 * N  # saved at both epoch ends
+    assert (tmp_path / "log.csv").read_text().count("\n") == 2 * N + 1
 
 
 @pytest.mark.parametrize("reader", ["function", "object"])

@@ -144,6 +144,10 @@ class checkpoint:
         (45, 10, [0, 1, 2, 3, 4, 5])
     """
 
+    # its hooks read a batch only when it is a fused call's `ciclo.Steps` (ciclo's
+    # own stack, for its per-step rows), never a loader's buffers
+    reads_batch = False
+
     def __init__(
         self,
         directory: str | os.PathLike,
