@@ -92,7 +92,9 @@ class Run:
                     seen = shapes_of(batch)
                     if seen != shapes:
                         shapes, size = seen, batch_size(batch)
-                    ls._shapes = (batch, seen)  # the shape watch's too
+                    # the shape watch's too: the same object while they do not
+                    # change (the watch's runners compare it by identity)
+                    ls._shapes = (batch, shapes)
                 else:
                     size = batch_size(batch, size_fn)
                 after = new_elapsed(

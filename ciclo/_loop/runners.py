@@ -69,7 +69,8 @@ def runner(
 
             def run(ls: LoopState) -> None:
                 batch, shapes = ls._shapes  # read by `Run` for this batch
-                watch(ls.batch, shown_as, shapes if batch is ls.batch else None)
+                if shapes is not watch.last or batch is not ls.batch:  # else seen
+                    watch(ls.batch, shown_as, shapes if batch is ls.batch else None)
                 out = loop_callback(ls)
                 if out is not None:
                     apply(out, ls)
@@ -106,7 +107,8 @@ def runner(
 
         def run(ls: LoopState) -> None:
             batch, shapes = ls._shapes  # read by `Run` for this batch
-            watch(ls.batch, shown_as, shapes if batch is ls.batch else None)
+            if shapes is not watch.last or batch is not ls.batch:  # else seen
+                watch(ls.batch, shown_as, shapes if batch is ls.batch else None)
             called(ls)
 
     run.where = f"{where} ({shown_as})"

@@ -136,7 +136,15 @@ class ManagedStep(LoopElement):
         """In a loop: the batch's copy placed ahead by the input stage, if any,
         comes with the loop state (`loop_state.placed`)."""
         ls = loop_state
-        out = self._run(ls.state, ls.batch, ls.elapsed, ls.placed)
+        state, batch, last = ls.state, ls.batch, self._last
+        if (
+            last is not None
+            and getattr(state, "strategy", None) is last[0]
+            and type(batch) is not Steps
+        ):  # the common step (`_run`'s first test, without its frame)
+            out = self._call(last, state, batch, ls.elapsed, ls.placed)
+        else:
+            out = self._run(state, batch, ls.elapsed, ls.placed)
         if out[0] is self._made:  # built here from the compiled call's outputs
             hand_over(ls, out[0])  # the loop's alone: merged into in place
         return out
