@@ -425,17 +425,30 @@ def test_no_batch_is_copied_when_nothing_after_the_epoch_end_check_reads_it(
     assert (tmp_path / "log.csv").read_text().count("\n") == 2 * N + 1
 
 
-@pytest.mark.parametrize("reader", ["function", "object"])
+class ReadingBar(type(ciclo.keras_bar())):
+    """A user's subclass of a bar that reads the batch in its own hook."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[float] = []
+
+    def __loop_callback__(self, loop_state):
+        self.seen.append(float(np.asarray(loop_state.batch[0])[0, 0]))
+        super().__loop_callback__(loop_state)
+
+
+@pytest.mark.parametrize("reader", ["function", "object", "subclass"])
 def test_a_batch_is_copied_when_a_callback_after_the_check_may_read_it(
-    monkeypatch, reader
+    monkeypatch, capsys, reader
 ):
-    """A function declaring `batch`, or an object that does not say it never
-    reads it, runs after the pass-end check: each batch is copied before the
-    next is read, and that callback gets its own batch's values."""
+    """A function declaring `batch`, an object that does not say it never
+    reads it, or a subclass of a bar with a hook of its own runs after the
+    pass-end check: each batch is copied before the next is read, and that
+    callback gets its own batch's values."""
     made = _copies(monkeypatch)
     step = managed.train_step(seen)
     after: list[float] = []
-    opaque = Opaque()
+    opaque = ReadingBar() if reader == "subclass" else Opaque()
     callback = (
         (lambda state, batch: after.append(float(batch[0][0, 0])))
         if reader == "function"

@@ -11,7 +11,8 @@ of the current batch). `loop`, the managed steps and the Flax state all read
 callbacks through this module.
 
 An object whose hooks never read `loop_state.batch` says so with a class attribute
-`reads_batch = False` (ciclo's bars, writers, guards and checkpoints): when no callback reads
+`reads_batch = False` (ciclo's bars, writers, guards and checkpoints; a subclass
+that overrides a hook outside ciclo is taken to read it): when no callback reads
 the batch after the epoch-end check, the loop does not copy it before reading the
 next one (`ciclo._loop.runners.reads_batch_after_pass_end`). A function reads it
 when it declares `batch`.

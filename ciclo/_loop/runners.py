@@ -76,9 +76,7 @@ def runner(
                     apply(out, ls)
 
         run.where = f"{where} ({shown_as})"
-        # an object's hooks get the loop state: they may read its batch unless
-        # its class says otherwise (ciclo's observers: `reads_batch = False`)
-        run.reads_batch = getattr(callback, "reads_batch", True) is not False
+        run.reads_batch = _reads_batch(callback)
         return run
     if not callable(callback):
         raise TypeError(
@@ -114,6 +112,21 @@ def runner(
     run.where = f"{where} ({shown_as})"
     run.reads_batch = n >= 2  # declares `batch` (or more)
     return run
+
+
+def _reads_batch(callback: Any) -> bool:
+    """Whether an object's hooks (they get the loop state) may read its batch:
+    yes unless its class says `reads_batch = False` (ciclo's observers) and
+    none of its hooks was overridden outside ciclo (a user's subclass of a bar
+    may read it)."""
+    if getattr(callback, "reads_batch", True) is not False:
+        return True
+    for hook in ("__loop_callback__", "__loop_end__", "__call__"):
+        method = getattr(type(callback), hook, None)
+        module = getattr(method, "__module__", None) or ""
+        if method is not None and not module.startswith("ciclo."):
+            return True
+    return False
 
 
 def reads_batch_after_pass_end(
