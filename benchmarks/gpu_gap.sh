@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# step_gap.py on the device machine in one call: the paired table on the GPU and on
-# the host's CPU, and py-spy profiles of raw / direct / loop on the GPU.
+# On the device machine in one call: issue 31's loop ratios with 25 rounds (GPU and
+# the host's CPU), step_gap.py's paired table on both, and py-spy profiles of
+# raw / direct / loop on the GPU.
 #   run: bash benchmarks/gpu_gap.sh   (carry: .whl, with py-spy's wheel among them)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -9,6 +10,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PATH=/tmp/site/bin:$PATH
 cd benchmarks
 t() { echo "### $(date -u +%H:%M:%S) $*"; }
+RATIO=(vs_raw.py --steps 2048 --rounds 25 --only "ciclo.loop (managed step)" "train_loop + keras_bar + history")
+{ t ratio-device; timeout 100 python3 "${RATIO[@]}"; } 2>&1 | tee "$OUT/ratio_device.txt"
+{ t ratio-cpu; JAX_PLATFORMS=cpu timeout 60 python3 "${RATIO[@]}"; } 2>&1 | tee "$OUT/ratio_cpu.txt"
 { t gap-device; timeout 90 python3 step_gap.py --steps "$STEPS" --rounds "$ROUNDS"; } 2>&1 | tee "$OUT/gap_device.txt"
 { t gap-cpu; JAX_PLATFORMS=cpu timeout 60 python3 step_gap.py --steps 2048 --rounds 5; } 2>&1 | tee "$OUT/gap_cpu.txt"
 for v in raw direct loop; do
