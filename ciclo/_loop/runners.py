@@ -189,8 +189,11 @@ def make_plan(
         after = bool(getattr(key, "reads_loop_state", False))
         where = f"Callback tasks[{key!r}]"
         schedule = fresh(key)
-        if isinstance(schedule, Schedule) and schedule.every_batch is True:
-            schedule = None  # due at every batch: not called
+        if isinstance(schedule, Schedule):
+            if schedule.every_batch is True:
+                schedule = None  # due at every batch: not called
+            elif schedule.direct is not None:  # an equivalent, cheaper to call
+                schedule = schedule.direct
         plan.append((schedule, after, runners(callbacks, where, table, watch)))
     return plan
 

@@ -22,6 +22,8 @@ class Schedule:
     Combine them with `&`, `|` and `~` (plain callables are accepted on either side).
     A schedule true for every batch whatever `elapsed` is may say so
     (`every_batch = True`, as `every(1)` does): the loop then does not call it.
+    One that always answers as another schedule reading the same argument may
+    name it (`direct`): the loop then calls that one instead.
 
     Example:
         >>> import ciclo
@@ -31,6 +33,7 @@ class Schedule:
     """
 
     every_batch: bool = False  # true for every batch: the loop skips the call
+    direct: Schedule | None = None  # an equivalent the loop calls instead
 
     def __call__(self, elapsed: Elapsed) -> bool:
         raise NotImplementedError

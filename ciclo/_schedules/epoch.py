@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ciclo._loop.state import last_of_pass
 from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule
 from ciclo._short import short
@@ -53,6 +52,8 @@ class EpochEnd(Schedule):
                 f"{short(duration)}."
             )
         self.stop, self.passes = stop, passes
+        # deciding may read the next batch of the pass (`Run`, `Inputs.keep_batches`)
+        self.asks_pass_end = passes
         self._fields = tuple(fields.items())  # read per batch: computed once
         self._index, self._for, self._ended = self._indices(start), None, False
         self.count = max(self._index, default=count_from)
@@ -71,7 +72,12 @@ class EpochEnd(Schedule):
                 ended = ended or any(new > old for new, old in zip(index, self._index))
             requested = loop_state.stopping or loop_state.stop_iteration
             if not ended and not requested and self.passes:
-                ended = last_of_pass(loop_state)
+                item = loop_state.placed  # `last_of_pass(loop_state)`, written out
+                if item is not None:
+                    ended = item.last_of_pass
+                    if ended is None:
+                        ended = loop_state._data.last_of_pass(item)
+                        loop_state.batch = item.batch  # as the stage kept it
             self._index, self._for, self._ended = index, after, ended
             self.count += ended
             self.decided = True

@@ -361,6 +361,10 @@ class Place(Schedule):
         self.every_batch = not self.reads_loop_state  # no epoch, no condition
         # deciding the epoch end may read the next batch of the pass (`Run`)
         self.asks_pass_end = epoch is not None and not begin
+        # an epoch end alone: the loop calls the `EpochEnd` itself (a frame less
+        # per batch; it gives every place the same answer)
+        if epoch is not None and not begin and self.condition is None:
+            self.direct = epoch
 
     def __call__(self, elapsed_or_loop_state: Elapsed | LoopState) -> bool:
         x = elapsed_or_loop_state

@@ -138,7 +138,9 @@ class ProgressBar(LoopElement):
     @observer
     def __loop_callback__(self, loop_state: LoopState) -> None:
         # None: no logs, no state (the loop applies nothing)
-        self._values.follow(loop_state.history, loop_state.logs)
+        values = self._values  # `values.follow(history, logs)`, written out
+        values.history, values._committed = loop_state.history, False
+        values._note(loop_state.logs)
         if self._epoch_ended or self._summaries or self._epoch_from is None:
             self._epoch(loop_state.logs, loop_state.elapsed, loop_state.elapsed_after)
         if self._finished:

@@ -24,6 +24,8 @@ from ciclo.callbacks._rows import host_scalar
 
 __all__ = ["Shown", "number"]
 
+_SHOWN = frozenset(SHOWN_COLLECTIONS)
+
 
 def number(value: Any) -> float | None:
     """A host value as a float when it is a single number (see `host_scalar`)."""
@@ -71,13 +73,18 @@ class Shown:
         self._live = logs
         if not logs:
             return
+        known = self._names.keys()
+        for collection, entries in logs.items():  # a set comparison per collection
+            if collection in _SHOWN and entries and not entries.keys() <= known:
+                self._note_new(logs)  # a name not seen yet: noted in order
+                return
+
+    def _note_new(self, logs: Any) -> None:
         names = self._names
-        for collection in SHOWN_COLLECTIONS:
-            entries = logs.get(collection)
-            if entries:
-                for name in entries:
-                    if name not in names:
-                        names[name] = None
+        for collection in SHOWN_COLLECTIONS:  # losses, then metrics, ...
+            for name in logs.get(collection) or ():
+                if name not in names:
+                    names[name] = None
 
     def rows_after(self, steps: int) -> int:
         """The rows the history holds once the current batch (`steps` steps) is
