@@ -166,11 +166,22 @@ class Inputs:
                 if self._failed is not None:
                     failed, self._failed = self._failed, None
                     raise failed
-                if self._items is None and not self._open():
-                    raise StopIteration
-                item = self._pull()
-                if item is not None:
-                    break
+                items = self._items
+                if items is None:
+                    if not self._open():
+                        raise StopIteration
+                    items = self._items
+                try:  # `self._pull()`, written out (the hot path)
+                    item = next(items)
+                except StopIteration:
+                    self._items = None
+                    self._passes.ended(self._read)
+                    continue
+                except BaseException:
+                    self._items, self._broken = None, True
+                    raise
+                self._read += 1
+                break
         self.empty = False
         if self._source is not None:  # a checkpointable iterator: its marks
             self.handed += item.batch.n if type(item.batch) is Steps else 1

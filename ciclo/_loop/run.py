@@ -18,7 +18,7 @@ from typing import Any
 
 from ciclo import _time
 from ciclo._input.batch import Steps, batch_size
-from ciclo._interrupts import DEFERRED, held
+from ciclo._interrupts import DEFERRED, Scope, held
 from ciclo._logs import Logs
 from ciclo._loop.runners import ScheduleBlame, fired
 from ciclo._loop.state import committed
@@ -62,7 +62,13 @@ class Run:
         new_logs = Logs.__new__  # an empty Logs, without a Python __init__ call
         now = _time._time.time  # ciclo's clock (`Elapsed.update`'s)
         watch = self.watch
+        # SIGTERM's scope, read before asking it (a call) whether to stop
+        asked = getattr(watch, "__self__", None)
         hold, release = held()  # Ctrl-C deferred around each commit
+        # the scope's own counter, written out, when it is the scope's (`held`)
+        scope = getattr(hold, "__self__", None)
+        if not isinstance(scope, Scope):
+            scope = None
         # a batch's size is read from its leaf shapes: computed again only when
         # they change (a user's `batch_size_fn` is called for every batch)
         shapes, size = None, 0
@@ -127,7 +133,11 @@ class Run:
                         break
             self.done = True
             logs = ls.logs
-            hold()  # Ctrl-C meanwhile: raised once the batch has counted
+            # Ctrl-C meanwhile: raised once the batch has counted
+            if scope is not None:  # `hold()`, written out
+                scope.busy += 1
+            else:
+                hold()
             try:
                 # the history's own commit, inside this block (`ls.logs` is a Logs)
                 if type(batch) is Steps and batch.rows is not None:
@@ -150,10 +160,20 @@ class Run:
                 current = self.current = after
                 self.in_batch = False
             finally:
-                release()
+                if scope is not None:  # `release()`, written out
+                    scope.busy -= 1
+                    if scope.pending and scope.busy == 0:
+                        scope.pending = False
+                        raise KeyboardInterrupt
+                else:
+                    release()
             if ls._after_commit:
                 self.after_commit()
-            if watch is not None and watch(after.steps):  # SIGTERM: stop here
+            if (
+                watch is not None
+                and (asked is None or asked.preempted or asked.sync is not None)
+                and watch(after.steps)
+            ):  # SIGTERM: stop here
                 self.preempted = True
                 break
             if (
