@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo._history import transfer
-from ciclo._history.columns import Column, ElapsedColumn
+from ciclo._history.columns import Column, ElapsedColumn, elapsed_columns, settle
 from ciclo._input.batch import Steps
 from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
@@ -41,7 +41,9 @@ class HistoryStore:
         # loop asks for rows sooner (`read_within`, e.g. nan_guard's `max_lag`)
         self._every = lag
         self._rows = 0
-        self._elapsed = tuple(ElapsedColumn(t) for t in ("q", "q", "d", "d"))
+        self._elapsed = elapsed_columns(dict(zip(_ELAPSED_FIELDS, "qqdd")))
+        # the rows' `Elapsed`s, split into those columns when they are read
+        self._waiting = self._elapsed[0].waiting
         self._columns: dict[tuple[str, str], Column | ElapsedColumn] = {
             (ELAPSED, name): column
             for name, column in zip(_ELAPSED_FIELDS, self._elapsed)
@@ -91,6 +93,8 @@ class HistoryStore:
             logs = Logs(logs)
         with DEFERRED:  # Ctrl-C meanwhile: raised once the row is whole
             self._append(elapsed, logs)
+            if type(elapsed) is not Elapsed:  # its fields read now: errors here
+                settle(self._elapsed)
 
     def _append(self, elapsed: Elapsed, logs: Logs) -> None:
         declared = logs._aggregations
@@ -111,11 +115,7 @@ class HistoryStore:
                     column.append(value)  # a host number: no transfer (lr_monitor)
                 else:
                     column.pending.append(value)
-        steps, samples, time, date = self._elapsed
-        steps.values.append(int(elapsed.steps))
-        samples.values.append(int(elapsed.samples))
-        time.values.append(float(elapsed.time))
-        date.values.append(float(elapsed.date))
+        self._waiting.append(elapsed)  # its fields: split when read (`settle`)
         self._rows = row = row + 1
         if row - self._started >= self._every or row - self._fetched >= 4 * self.lag:
             self._advance()
@@ -176,6 +176,8 @@ class HistoryStore:
         whose values are computed (oldest first, without waiting), then starts
         one for the rows committed since. When `4 * lag` rows are not on the host
         yet (the device is far behind), waits for the oldest `lag` of them."""
+        if self._waiting:  # the rows' `Elapsed`s split now and then, not kept
+            settle(self._elapsed)
         in_flight = self._in_flight
         wait = self._rows - self._fetched >= 4 * self.lag
         goal = self._fetched + self.lag

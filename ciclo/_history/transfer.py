@@ -15,6 +15,8 @@ the hidden syncs it is meant to find) lets these deliberate, lagged fetches thro
 from __future__ import annotations
 
 import contextlib
+import itertools
+import operator
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
@@ -39,6 +41,10 @@ __all__ = [
     "rows",
     "start",
 ]
+
+_AVAL = operator.attrgetter("aval")
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
 
 
 def explicit() -> contextlib.AbstractContextManager:
@@ -106,19 +112,16 @@ def _scalars(groups: list[list[Any]]) -> Stacked | None:
     dtype = aval.dtype
     if aval.shape != () or dtype.kind not in "iuf":
         return None
-    values: list[Any] = []
-    sizes = []
-    for group in groups:
-        for v in group:  # a loop, no call per value
-            if type(v) is not impl:
-                return None
-            aval = v.aval
-            if aval.dtype is not dtype or aval.shape != ():
-                return None
-        values.extend(group)
-        sizes.append(len(group))
+    # checked with C-level loops over the values (no bytecode per value)
+    values = list(itertools.chain.from_iterable(groups))
+    if set(map(type, values)) != {impl}:
+        return None
+    avals = list(map(_AVAL, values))
+    if set(map(_DTYPE, avals)) != {dtype} or set(map(_SHAPE, avals)) != {()}:
+        return None
     if len(set(map(id, values))) != len(values):  # a value in two groups or rows
         return None
+    sizes = list(map(len, groups))
     stacked = _stack_scalars(values)
     if type(stacked) is list:  # not stackable (e.g. on different devices)
         return None

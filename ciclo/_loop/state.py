@@ -271,18 +271,19 @@ def _fold(merged: Logs, unmerged: list[Any]) -> None:
     each entry is copied (the logs are read newest first; one whose entries were
     all seen is skipped with a set comparison)."""
     newest: dict[str, dict[str, Any]] = {}
-    for logs in reversed(unmerged):
-        for collection, entries in logs.items():
-            if type(entries) is not Entries and not isinstance(entries, Mapping):
-                for each in unmerged:  # merge's own error, in order
-                    merged.merge(each)
-                return
-            seen = newest.get(collection)
-            if seen is None:
-                newest[collection] = dict(entries)
-            elif not entries.keys() <= seen.keys():
-                for name, value in entries.items():
-                    seen.setdefault(name, value)
+    try:  # committed logs: their collections are mappings (the commit read them)
+        for logs in reversed(unmerged):
+            for collection, entries in logs.items():
+                seen = newest.get(collection)
+                if seen is None:
+                    newest[collection] = dict(entries)
+                elif not entries.keys() <= seen.keys():
+                    for name, value in entries.items():
+                        seen.setdefault(name, value)
+    except (AttributeError, TypeError, ValueError):  # changed since
+        for each in unmerged:  # merge's own error, in order
+            merged.merge(each)
+        return
     for logs in unmerged:
         declared = getattr(logs, "_aggregations", None)
         if declared:
