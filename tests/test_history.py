@@ -306,3 +306,26 @@ def test_pickled_and_copied_histories_hold_the_same_rows_and_stay_independent():
         clone.commit(elapsed, {"metrics": {"loss": 99.0}})  # the original is untouched
         assert len(clone) == 11 and len(history) == 10
         assert history.collect("loss")[-1] == 4.5
+
+
+def test_a_commit_with_a_bad_elapsed_raises_and_adds_no_row():
+    history = ciclo.history()
+    history.commit(ciclo.Elapsed.create(steps=1), ciclo.logs().add_loss("loss", 1.0))
+    with pytest.raises(TypeError, match="Elapsed.create"):
+        history.commit(None, ciclo.logs().add_loss("loss", 2.0))
+    assert len(history) == 1
+    assert history.collect("steps", "loss") == ([1], [1.0])
+
+
+def test_elapsed_fields_read_between_commits_are_exact():
+    history = ciclo.history(lag=4)
+    seen = []
+    for step in range(30):
+        elapsed = ciclo.Elapsed.create(steps=step, samples=3 * step)
+        history.commit(elapsed, ciclo.logs().add_metric("m", jnp.float32(step)))
+        if step % 7 == 0:  # reads in the middle of a lag window
+            seen.append(history.collect("steps")[-1])
+    steps, samples, m = history.collect("steps", "samples", "m")
+    assert steps == list(range(30)) and samples == [3 * s for s in range(30)]
+    assert m == [float(s) for s in range(30)] and seen == [0, 7, 14, 21, 28]
+    assert history[12]["elapsed"]["steps"] == 12

@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import bisect
 import collections
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,24 @@ __all__ = ["ELAPSED", "HistoryStore"]
 
 ELAPSED = "elapsed"
 _ELAPSED_FIELDS = ("steps", "samples", "time", "date")
+
+
+def _fields(elapsed: Any) -> Any:
+    """The `elapsed` fields a row keeps, read from anything that has them."""
+    try:
+        return types.SimpleNamespace(
+            steps=int(elapsed.steps),
+            samples=int(elapsed.samples),
+            time=float(elapsed.time),
+            date=float(elapsed.date),
+        )
+    except (AttributeError, TypeError, ValueError) as error:
+        raise TypeError(
+            f"History.commit: `elapsed` must be a ciclo.Elapsed (numeric steps, "
+            f"samples, time and date), got {short(elapsed)} "
+            f"({type(elapsed).__name__}): {error}. Pass the loop's `elapsed`, or "
+            f"ciclo.Elapsed.create(steps=n)."
+        ) from None
 
 
 class HistoryStore:
@@ -87,14 +106,15 @@ class HistoryStore:
         per transfer.
 
         Raises:
-            TypeError: if `logs` is not a dict of collections to entries.
+            TypeError: if `logs` is not a dict of collections to entries, or
+                `elapsed` has no numeric `steps`, `samples`, `time` and `date`.
         """
         if type(logs) is not Logs and not isinstance(logs, Logs):
             logs = Logs(logs)
+        if type(elapsed) is not Elapsed:  # its fields read now (a row is split later)
+            elapsed = _fields(elapsed)
         with DEFERRED:  # Ctrl-C meanwhile: raised once the row is whole
             self._append(elapsed, logs)
-            if type(elapsed) is not Elapsed:  # its fields read now: errors here
-                settle(self._elapsed)
 
     def _append(self, elapsed: Elapsed, logs: Logs) -> None:
         declared = logs._aggregations
