@@ -26,6 +26,7 @@ __all__ = ["ELAPSED", "HistoryStore"]
 
 ELAPSED = "elapsed"
 _ELAPSED_FIELDS = ("steps", "samples", "time", "date")
+_HOST_NUMBERS = frozenset((float, int))  # logged as they are: no transfer
 
 
 def _fields(elapsed: Any) -> Any:
@@ -130,8 +131,7 @@ class HistoryStore:
                 if column is None:
                     column = named[name] = self._column(collection, name)
                 column.rows.append(row)
-                kind = type(value)
-                if (kind is float or kind is int) and not column.pending:
+                if type(value) in _HOST_NUMBERS and not column.pending:
                     column.append(value)  # a host number: no transfer (lr_monitor)
                 else:
                     column.pending.append(value)

@@ -89,11 +89,17 @@ class Item:
             was read ahead): reading the next batch cannot change it.
     """
 
-    __slots__ = ("batch", "last_of_pass", "own", "placed", "position", "strategy")
+    # the defaults, read until set (the stage makes an item per batch: its
+    # common one sets `batch` alone, without an `__init__` call)
+    placed = strategy = last_of_pass = position = None
+    own = False
 
     def __init__(self, batch: Any, position: Any = None, own: bool = False):
-        self.batch, self.position, self.own = batch, position, own
-        self.placed = self.strategy = self.last_of_pass = None
+        self.batch = batch
+        if position is not None:
+            self.position = position
+        if own:
+            self.own = True
 
     def keep(self) -> None:
         """Makes `batch` ciclo's own copy (its numpy leaves copied; other leaves
@@ -183,10 +189,13 @@ def items_of(
     get_state = iterator.get_state if positions else None
     convert = None  # whether the batches hold torch/TensorFlow tensors: the first says
     if left is None and get_state is None:  # the common case, kept lean
+        new = object.__new__
         for batch in iterator:
             if convert is None:
                 convert = foreign(batch)
-            yield Item(as_numpy(batch) if convert else batch)
+            item = new(Item)  # `Item(batch)`, without the call
+            item.batch = as_numpy(batch) if convert else batch
+            yield item
         return
     while left is None or left[0] > 0:
         try:

@@ -362,6 +362,21 @@ class Apply:
         self.paired, self.fresh = False, fresh
 
     def __call__(self, output: Any, ls: LoopState) -> None:
+        if type(output) is tuple and len(output) == 2 and self.paired:
+            logs, state = output  # a step's (logs, state), the first logs of its
+            if (  # batch (the common case: what the general path below does)
+                type(logs) is Logs
+                and logs
+                and not ls.logs
+                and (state is None or (self.checked and not isinstance(state, Logs)))
+            ):
+                if self.fresh or logs is ls._fresh:
+                    ls.logs, ls._fresh = logs, None
+                else:
+                    ls.logs = ls._borrowed = logs
+                if state is not None:
+                    ls.state = state
+                return
         if output is None:
             return
         callback = self.callback
