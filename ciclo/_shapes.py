@@ -54,6 +54,11 @@ def signature(batch: Any) -> tuple[Any, ...]:
             return tuple([leaf.shape for leaf in batch])
         except AttributeError:  # nested, or a leaf without a shape
             pass
+    elif kind is dict:  # {"image": x, "label": y}: no flatten either
+        try:
+            return tuple([leaf.shape for leaf in batch.values()])
+        except AttributeError:  # nested, or a leaf without a shape
+            pass
     elif kind is Steps:
         return tuple(shape[1:] for shape in batch_shapes(batch.batch))
     elif hasattr(batch, "shape"):  # one array

@@ -78,3 +78,25 @@ def test_a_managed_step_fed_many_shapes_warns():
     )
     with pytest.warns(UserWarning, match=SILENCE):
         ciclo.train_loop(state, batches(4, 3, 2), {ciclo.on_train_step: train_step})
+
+
+@jax.jit
+def dict_step(state, batch):
+    return ciclo.logs().add_loss("loss", jnp.mean(batch["x"])), state + 1
+
+
+def test_dict_batches_are_watched_by_their_leaf_shapes():
+    many = [{"x": np.ones((n, 2), np.float32), "y": np.ones(n)} for n in (8, 7, 6, 5)]
+    with pytest.warns(UserWarning, match=SILENCE) as record:
+        ciclo.loop(0, many, {ciclo.every(1): dict_step})
+    (ours,) = [w for w in record if str(w.message).startswith(SILENCE)]
+    assert "(7, 2)" in str(ours.message) and "(7,)" in str(ours.message)
+    same = [{"x": np.ones((8, 2), np.float32), "y": np.ones(8)} for _ in range(6)]
+    nested = [{"x": {"a": np.ones((8, 2), np.float32)}, "y": np.ones(8)}] * 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, history, elapsed = ciclo.loop(0, same, {ciclo.every(1): dict_step})
+        assert elapsed.samples == 48 and len(history) == 6
+        nested_step = jax.jit(lambda s, b: (ciclo.logs().add_loss("l", 0.0), s + 1))
+        _, _, elapsed = ciclo.loop(0, nested, {ciclo.every(1): nested_step})
+        assert elapsed.samples == 48

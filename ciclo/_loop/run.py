@@ -23,7 +23,7 @@ from ciclo._logs import Logs
 from ciclo._loop.runners import ScheduleBlame, fired
 from ciclo._loop.state import committed
 from ciclo._shapes import signature as shapes_of
-from ciclo._time import new_elapsed
+from ciclo._time import Elapsed, new_elapsed
 
 __all__ = ["Run"]
 
@@ -60,6 +60,7 @@ class Run:
         size_fn = self.batch_size_fn
         current = self.current
         new_logs = Logs.__new__  # an empty Logs, without a Python __init__ call
+        new = object.__new__  # an `Elapsed`, as `new_elapsed` makes it
         now = _time._time.time  # ciclo's clock (`Elapsed.update`'s)
         watch = self.watch
         # SIGTERM's scope, read before asking it (a call) whether to stop
@@ -103,12 +104,15 @@ class Run:
                     ls._shapes = (batch, shapes)
                 else:
                     size = batch_size(batch, size_fn)
-                after = new_elapsed(
-                    current.steps + 1,
-                    current.samples + size,
-                    now(),
-                    current.date_start,
-                )
+                # `new_elapsed(...)`, written out (a frame less per batch)
+                after = new(Elapsed)
+                fields = after.__dict__
+                start = current.date_start
+                fields["steps"] = current.steps + 1
+                fields["samples"] = current.samples + size
+                fields["date"] = date = now()
+                fields["date_start"] = start
+                fields["time"] = date - start
             ls.elapsed_after = after
             self.state, self.rows, self.done = ls.state, None, False
             self.in_batch = True
@@ -183,9 +187,11 @@ class Run:
             ):
                 break
             # `after.update_time()`, written out: the next batch starts now
-            current = self.current = new_elapsed(
-                after.steps, after.samples, now(), after.date_start
-            )
+            current = self.current = new(Elapsed)
+            fields, date, start = current.__dict__, now(), after.date_start
+            fields["steps"], fields["samples"] = after.steps, after.samples
+            fields["date"], fields["date_start"] = date, start
+            fields["time"] = date - start
         if not self.started:  # no batch at all: on_start still runs once
             ls.batch = None
             self._on_start()
