@@ -255,3 +255,36 @@ def test_create_accepts_a_strategy_object_equal_to_the_registered_one():
             tx=optax.sgd(0.1),
             strategy=_Jit("jit", donate=True),
         )
+
+
+def test_managed_state_is_built_as_a_frozen_dataclass_in_every_way():
+    import dataclasses
+
+    from flax import struct
+
+    state = managed.ManagedState.create(
+        params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), strategy="jit"
+    )
+    names = [f.name for f in dataclasses.fields(state)]
+    by_keyword = managed.ManagedState(**{n: getattr(state, n) for n in names})
+    positional = managed.ManagedState(
+        state.step, state.apply_fn, state.params, state.tx, state.opt_state,
+        state.strategy,
+    )  # fmt: skip
+    leaves, treedef = jax.tree.flatten(state)
+    rebuilt = jax.tree.unflatten(treedef, leaves)
+    for other in (by_keyword, positional, rebuilt):
+        assert other == state and vars(other).keys() == vars(state).keys()
+    assert positional.param_specs == () and state.replace(step=4).step == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.step = 1
+    with pytest.raises(TypeError):
+        managed.ManagedState(state.step, state.apply_fn, state.params)
+
+    class WithCount(managed.ManagedState):
+        count: int = struct.field(pytree_node=False, default=0, kw_only=True)
+
+    sub = WithCount.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), count=3)
+    leaves, treedef = jax.tree.flatten(sub)
+    assert jax.tree.unflatten(treedef, leaves).count == 3
+    assert sub.replace(step=2).count == 3

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,7 @@ import numpy as np
 from ciclo._input.batch import Item, Steps, placed_for
 from ciclo._logs import Logs
 from ciclo._loop.callback import arity, describe, split_output
-from ciclo._loop.state import hand_over
+from ciclo._loop.state import LoopState, hand_over
 from ciclo._short import short
 from ciclo._strategies.base import Collectives, Strategy
 from ciclo._strategies.registry import get_strategy, strategy_of
@@ -44,9 +44,6 @@ from ciclo.managed._step_logs import (
     reduce_logs,
     total_loss,
 )
-
-if TYPE_CHECKING:
-    from ciclo._loop.state import LoopState
 
 __all__ = ["GradsFn", "ManagedStep", "UserStep"]
 
@@ -146,7 +143,10 @@ class ManagedStep(LoopElement):
         else:
             out = self._run(state, batch, ls.elapsed, ls.placed)
         if out[0] is self._made:  # built here from the compiled call's outputs
-            hand_over(ls, out[0])  # the loop's alone: merged into in place
+            if type(ls) is LoopState:  # `hand_over(ls, ...)`, written out
+                ls._fresh = out[0]  # the loop's alone: merged into in place
+            else:
+                hand_over(ls, out[0])
         return out
 
     def _run(
@@ -198,7 +198,10 @@ class ManagedStep(LoopElement):
     ) -> tuple[Logs, Any]:
         """One compiled call of `last`'s step (see `_run`)."""
         strategy, compiled, as_is = last
-        placed = None if ahead is None else placed_for(ahead, strategy)
+        # `placed_for(ahead, strategy)`, written out
+        placed = (
+            None if ahead is None or ahead.strategy is not strategy else ahead.placed
+        )
         if self._arity < 2:
             batch = None
         elif placed is not None:
