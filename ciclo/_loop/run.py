@@ -117,9 +117,7 @@ class Run:
             self.state, self.rows, self.done = ls.state, None, False
             self.in_batch = True
             for schedule, reads_loop_state, runners in plan:
-                if schedule is None:  # due at every batch (`make_plan`)
-                    due = True
-                else:
+                if schedule is not None:  # else due at every batch (`make_plan`)
                     try:
                         due = schedule(ls if reads_loop_state else current)
                         if due is not True and due is not False:
@@ -127,14 +125,16 @@ class Run:
                     except Exception:
                         self.running = ScheduleBlame(schedule)  # named in the note
                         raise
-                if due:
-                    for run in runners:
-                        self.running = run
-                        run(ls)
-                        if ls.stop_iteration:
-                            break
+                    if not due:
+                        continue
+                for run in runners:
+                    self.running = run
+                    run(ls)
                     if ls.stop_iteration:
                         break
+                else:
+                    continue
+                break  # a callback set `stop_iteration`
             self.done = True
             logs = ls.logs
             # Ctrl-C meanwhile: raised once the batch has counted
