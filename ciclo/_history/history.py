@@ -163,6 +163,7 @@ class History(HistoryStore):
         and read, while the device keeps up; None: back to every `lag` commits.
         The bound on rows pending (`4 * lag`) is unchanged."""
         self._every = self.lag if rows is None else max(1, min(self._every, rows))
+        self._reschedule()
 
     def row_at(self, step: int, lo: int = 0) -> int:
         """The index of the first row from `lo` on whose `steps` is `step` or

@@ -76,6 +76,10 @@ class HistoryStore:
         # (a checkpoint's save, `collect`): their values were computed by then
         self._flushed_at = -1
         self._started = 0  # rows below this one are on the host or in flight
+        # the row count at which a commit runs `_advance`: at most the first at
+        # which `_every` rows are not in flight or `4 * lag` not on the host
+        # (`_reschedule`; earlier is harmless, `_advance` checks both itself)
+        self._due = lag
         # started transfers, oldest first: (rows below `upto`, [(column, n)], transfer)
         self._in_flight: collections.deque[tuple[int, list, Any]] = collections.deque()
         # the `LoopState` of the loop writing this history, while it runs: its
@@ -137,7 +141,7 @@ class HistoryStore:
                     column.pending.append(value)
         self._waiting.append(elapsed)  # its fields: split when read (`settle`)
         self._rows = row = row + 1
-        if row - self._started >= self._every or row - self._fetched >= 4 * self.lag:
+        if row >= self._due:
             self._advance()
 
     def _column(self, collection: str, name: str) -> Column:
@@ -184,7 +188,7 @@ class HistoryStore:
         time.values.extend([float(elapsed.time)] * (n - 1))
         date.values.extend([float(elapsed.date)] * (n - 1))
         self._rows = row = first + n - 1
-        if row - self._started >= self._every or row - self._fetched >= 4 * self.lag:
+        if row >= self._due:
             self._advance()
         last = new_elapsed(
             s0 + n - 1, m0 + (n - 1) * per_step, elapsed.date, elapsed.date_start
@@ -209,6 +213,13 @@ class HistoryStore:
             self._flush(goal)
         if self._rows - self._started >= self._every:
             self._start(self._rows)
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        """Sets `_due` from the rows in flight and on the host; called where the
+        row at which a transfer is due may come sooner (`_every` lowered, a
+        transfer in flight dropped) and after each `_advance`."""
+        self._due = min(self._started + self._every, self._fetched + 4 * self.lag)
 
     def _take(self, upto: int) -> list[tuple[Column, int, int]]:
         """`(column, skip, n)`: the `n` pending values of each column for rows below
@@ -272,6 +283,7 @@ class HistoryStore:
             if partial and in_flight[0][0] > upto and not in_flight[0][2].ready():
                 in_flight.clear()  # its values are still pending: fetched again
                 self._started = self._fetched
+                self._reschedule()
                 break
             self._complete()
         if self._fetched < upto:
@@ -346,6 +358,7 @@ class HistoryStore:
         """The history `__getstate__` described (its arrays are taken, not copied)."""
         self.__init__(lag=int(state["lag"]))
         self._rows = self._fetched = self._started = int(state["rows"])
+        self._reschedule()
         for column, values in zip(self._elapsed, state["elapsed"]):
             column.values = values
         for collection, name, rows, values in state["columns"]:
