@@ -192,8 +192,8 @@ def make_plan(
         if isinstance(schedule, Schedule):
             if schedule.every_batch is True:
                 schedule = None  # due at every batch: not called
-            elif schedule.direct is not None:  # an equivalent, cheaper to call
-                schedule = schedule.direct
+            elif schedule._direct is not None:  # an equivalent, cheaper to call
+                schedule = schedule._direct
         plan.append((schedule, after, runners(callbacks, where, table, watch)))
     return plan
 

@@ -22,8 +22,6 @@ class Schedule:
     Combine them with `&`, `|` and `~` (plain callables are accepted on either side).
     A schedule true for every batch whatever `elapsed` is may say so
     (`every_batch = True`, as `every(1)` does): the loop then does not call it.
-    One that always answers as another schedule reading the same argument may
-    name it (`direct`): the loop then calls that one instead.
 
     Example:
         >>> import ciclo
@@ -33,7 +31,9 @@ class Schedule:
     """
 
     every_batch: bool = False  # true for every batch: the loop skips the call
-    direct: Schedule | None = None  # an equivalent the loop calls instead
+    # ciclo's own: an equivalent schedule (same argument, same answers) that the
+    # loop calls instead, a frame less per batch (a `Place` that is an epoch end)
+    _direct: Schedule | None = None
 
     def __call__(self, elapsed: Elapsed) -> bool:
         raise NotImplementedError

@@ -364,7 +364,7 @@ class Place(Schedule):
         # an epoch end alone: the loop calls the `EpochEnd` itself (a frame less
         # per batch; it gives every place the same answer)
         if epoch is not None and not begin and self.condition is None:
-            self.direct = epoch
+            self._direct = epoch
 
     def __call__(self, elapsed_or_loop_state: Elapsed | LoopState) -> bool:
         x = elapsed_or_loop_state
