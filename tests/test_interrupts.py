@@ -10,6 +10,7 @@ from what was returned ends with the history of an uninterrupted run.
 
 from __future__ import annotations
 
+import inspect
 import signal
 import sys
 
@@ -193,11 +194,12 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
     expected = _rows(reference)
     assert [s for s, _, _ in expected] == list(range(BATCHES))
     assert total > 100
-    points = set()
+    points, wheres = set(), set()
     for at in range(1, total + 1):
         state, history, elapsed, trace = _run(value, at)
         assert trace.where is not None
         points.add(trace.where.split(":")[0])
+        wheres.add(trace.where)
         n = elapsed.steps
         where = f"interrupted at {trace.where} (line event {at})"
         assert state == n, where  # exactly the counted batches reached the state
@@ -227,10 +229,14 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
         "Logs.merge",
         "batch_size",
     } <= points
-    assert "new_elapsed" in points  # the next batch's clock (`Run.batches`)
     if value is not int:  # device scalars of one dtype: the one-stack path
         assert {"start", "_scalars", "Stacked.result", "Column.extend"} <= points
-    assert {"Scope.hold", "Scope.release"} <= points  # the commit's deferral
+    # written out in `Run.batches` (every line of it is watched): the next
+    # batch's clock and the commit's deferral (the scope's hold and release)
+    source, first = inspect.getsourcelines(Run.batches)
+    for text in ("starts = new(Elapsed)", "scope.busy += 1", "scope.busy -= 1"):
+        line = first + next(i for i, code in enumerate(source) if text in code)
+        assert f"Run.batches:{line}" in wheres, text
 
 
 @pytest.mark.parametrize("value", [int, jnp.float32], ids=["python", "device"])

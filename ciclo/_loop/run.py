@@ -187,11 +187,13 @@ class Run:
             ):
                 break
             # `after.update_time()`, written out: the next batch starts now
-            current = self.current = new(Elapsed)
-            fields, date, start = current.__dict__, now(), after.date_start
+            # (published once whole: Ctrl-C meanwhile leaves `after`)
+            starts = new(Elapsed)
+            fields, date, start = starts.__dict__, now(), after.date_start
             fields["steps"], fields["samples"] = after.steps, after.samples
             fields["date"], fields["date_start"] = date, start
             fields["time"] = date - start
+            current = self.current = starts
         if not self.started:  # no batch at all: on_start still runs once
             ls.batch = None
             self._on_start()
