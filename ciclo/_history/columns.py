@@ -8,15 +8,12 @@ A scalar costs 8 bytes in a typed `array.array`; anything else is kept in a list
 from __future__ import annotations
 
 import array
-import operator
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo._interrupts import DEFERRED
-
-__all__ = ["Column", "ElapsedColumn", "column_values", "elapsed_columns", "settle"]
+__all__ = ["Column", "ElapsedColumn", "column_values"]
 
 
 class Column:
@@ -80,57 +77,16 @@ class Column:
 
 
 class ElapsedColumn:
-    """An `elapsed` field: present in every row, so its rows are implicit.
+    """An `elapsed` field: present in every row, so its rows are implicit."""
 
-    A commit only notes the row's `Elapsed` in the list the four fields share
-    (`waiting`, one append per row); reading `values` first moves the waiting
-    rows into each field's typed array (`elapsed_columns`)."""
+    __slots__ = ("values",)
 
-    __slots__ = ("_convert", "_field", "_group", "_values", "waiting")
-
-    def __init__(self, typecode: str, field: str = "steps", waiting=None, group=()):
-        self._values = array.array(typecode)
-        self._field = operator.attrgetter(field)
-        self._convert = int if typecode == "q" else float
-        self.waiting: list[Any] = [] if waiting is None else waiting
-        self._group: tuple[ElapsedColumn, ...] = group or (self,)
-
-    @property
-    def values(self) -> array.array:
-        if self.waiting:
-            settle(self._group)
-        return self._values
-
-    @values.setter
-    def values(self, values: array.array) -> None:
-        if self.waiting:
-            settle(self._group)
-        self._values = values
+    def __init__(self, typecode: str):
+        self.values = array.array(typecode)
 
     @property
     def rows(self) -> range:
         return range(len(self.values))
-
-
-def elapsed_columns(fields: dict[str, str]) -> tuple[ElapsedColumn, ...]:
-    """The columns of the `elapsed` fields (`{field: typecode}`), sharing the
-    list of the rows' `Elapsed`s that wait to be split into them."""
-    waiting: list[Any] = []
-    group: list[ElapsedColumn] = []
-    for field, typecode in fields.items():
-        group.append(ElapsedColumn(typecode, field, waiting))
-    for column in group:
-        column._group = tuple(group)
-    return tuple(group)
-
-
-def settle(group: tuple[ElapsedColumn, ...]) -> None:
-    """Moves the `Elapsed`s waiting in `group`'s shared list into its columns."""
-    waiting = group[0].waiting
-    with DEFERRED:  # Ctrl-C meanwhile: raised once every column has them
-        for column in group:
-            column._values.extend(map(column._convert, map(column._field, waiting)))
-        waiting.clear()
 
 
 def _scalar(value: Any) -> int | float | None:

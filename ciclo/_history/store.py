@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ciclo._history import transfer
-from ciclo._history.columns import Column, ElapsedColumn, elapsed_columns, settle
+from ciclo._history.columns import Column, ElapsedColumn
 from ciclo._input.batch import Steps
 from ciclo._interrupts import DEFERRED
 from ciclo._logs import Logs
@@ -61,9 +61,7 @@ class HistoryStore:
         # loop asks for rows sooner (`read_within`, e.g. nan_guard's `max_lag`)
         self._every = lag
         self._rows = 0
-        self._elapsed = elapsed_columns(dict(zip(_ELAPSED_FIELDS, "qqdd")))
-        # the rows' `Elapsed`s, split into those columns when they are read
-        self._waiting = self._elapsed[0].waiting
+        self._elapsed = tuple(ElapsedColumn(t) for t in ("q", "q", "d", "d"))
         self._columns: dict[tuple[str, str], Column | ElapsedColumn] = {
             (ELAPSED, name): column
             for name, column in zip(_ELAPSED_FIELDS, self._elapsed)
@@ -116,7 +114,7 @@ class HistoryStore:
         """
         if type(logs) is not Logs and not isinstance(logs, Logs):
             logs = Logs(logs)
-        if type(elapsed) is not Elapsed:  # its fields read now (a row is split later)
+        if type(elapsed) is not Elapsed:  # its fields checked before the row starts
             elapsed = _fields(elapsed)
         with DEFERRED:  # Ctrl-C meanwhile: raised once the row is whole
             self._append(elapsed, logs)
@@ -139,7 +137,11 @@ class HistoryStore:
                     column.append(value)  # a host number: no transfer (lr_monitor)
                 else:
                     column.pending.append(value)
-        self._waiting.append(elapsed)  # its fields: split when read (`settle`)
+        steps, samples, time, date = self._elapsed
+        steps.values.append(int(elapsed.steps))
+        samples.values.append(int(elapsed.samples))
+        time.values.append(float(elapsed.time))
+        date.values.append(float(elapsed.date))
         self._rows = row = row + 1
         if row >= self._due:
             self._advance()
@@ -200,8 +202,6 @@ class HistoryStore:
         whose values are computed (oldest first, without waiting), then starts
         one for the rows committed since. When `4 * lag` rows are not on the host
         yet (the device is far behind), waits for the oldest `lag` of them."""
-        if self._waiting:  # the rows' `Elapsed`s split now and then, not kept
-            settle(self._elapsed)
         in_flight = self._in_flight
         wait = self._rows - self._fetched >= 4 * self.lag
         goal = self._fetched + self.lag

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ciclo._loop.state import last_of_pass
 from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule
 from ciclo._short import short
@@ -72,12 +73,11 @@ class EpochEnd(Schedule):
                 ended = ended or any(new > old for new, old in zip(index, self._index))
             requested = loop_state.stopping or loop_state.stop_iteration
             if not ended and not requested and self.passes:
-                item = loop_state.placed  # `last_of_pass(loop_state)`, written out
+                item = loop_state.placed  # its pass end, when the stage knows it
                 if item is not None:
                     ended = item.last_of_pass
-                    if ended is None:
-                        ended = loop_state._data.last_of_pass(item)
-                        loop_state.batch = item.batch  # as the stage kept it
+                    if ended is None:  # the stage reads on to learn it
+                        ended = last_of_pass(loop_state)
             self._index, self._for, self._ended = index, after, ended
             self.count += ended
             self.decided = True
