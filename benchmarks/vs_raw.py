@@ -38,7 +38,14 @@ allows (they are not ciclo):
                  makes the allocator wait: RESULTS.md, 2026-11-27)
   raw + 5 us     the raw loop plus 5 us of pure-Python busy work per step: what any
                  per-step host work costs here (the loop's own work competes with
-                 the dispatch for the same cores when the step is this small)
+                 the dispatch for the same cores when the step is this small);
+                 `--busy-us N` sets the µs (15: the host work issue 31 allows)
+
+`--switch-interval S` sets `sys.setswitchinterval(S)` for the whole run (the
+raw loop's too): how long Python code holding the GIL (a busy loop, ciclo's
+loop) keeps a thread waiting for it; a test of whether per-step host work
+costs an accelerator run more than its own time because jax's threads wait for
+the GIL.
   raw scan K=32  the raw step under a hand-written `jax.lax.scan` over 32 batches
                  stacked with `np.stack` per call: a fused mode fed from the host
   raw, device-resident   the raw loop over batches placed on the device before
@@ -67,6 +74,7 @@ import io
 import itertools
 import os
 import platform
+import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -207,9 +215,12 @@ def _busy(seconds: float) -> None:
         pass
 
 
+BUSY_US = 5  # the calibration row's host work per step (`--busy-us`)
+
+
 def _raw_step_then_busy(params, opt_state, x, y):
     out = raw_step(params, opt_state, x, y)
-    _busy(5e-6)
+    _busy(BUSY_US * 1e-6)
     return out
 
 
@@ -407,14 +418,34 @@ def main():
     parser.add_argument(
         "--shrink", type=int, default=1, help="divide the big model's sizes by this"
     )
+    parser.add_argument(
+        "--busy-us",
+        type=float,
+        default=5,
+        help="the host work per step of the calibration row 'raw + N us' (µs)",
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for the whole run (Python's default: 0.005 s): "
+        "how long a thread holding the GIL keeps a waiting one (e.g. jax's) waiting",
+    )
     args = parser.parse_args()
+    global BUSY_US
+    BUSY_US = args.busy_us
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if args.steps % K:
         parser.error(f"--steps must be a multiple of {K} (the fused variants' K)")
     configure(args.model, args.shrink)
     batches = digits_batches() if args.model == "digits" else big_batches()
     variants = {
         "raw jitted loop": (run_raw, lambda: None),
-        "(calibration) raw + 5 us host work per step": (run_raw_busy, lambda: None),
+        f"(calibration) raw + {BUSY_US:g} us host work per step": (
+            run_raw_busy,
+            lambda: None,
+        ),
         "(calibration) raw, at most 8 calls in flight": (
             run_raw_bounded,
             lambda: None,
@@ -523,6 +554,11 @@ def main():
         + (f" | keras {keras.__version__}" if keras is not None else "")
         + f" | {time.strftime('%Y-%m-%d %H:%M')} | {model} | "
         f"{args.steps} steps x {args.rounds} rounds, each paired with a raw run"
+        + (
+            f" | switch interval {sys.getswitchinterval():g} s"
+            if args.switch_interval is not None
+            else ""
+        )
     )
     print()
     print(
