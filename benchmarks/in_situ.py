@@ -10,7 +10,10 @@ device scalars); in `vs_raw.py` the same loop around a real jitted step costs
 `valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes` twice, with
 `--steps` N1 and N2 steps after the same warm-up, and the main thread's totals
 of the two runs are subtracted, so the start-up, the compilation and the
-warm-up cancel and what is left is per step, `(N2 − N1)` steps' worth.
+warm-up cancel and what is left is per step, `(N2 − N1)` steps' worth. The
+objects alive after the warm-up are frozen (`gc.freeze()`) so that a full
+collection in one run and not the other does not count as steps' work; keep
+`N2 − N1` in the hundreds (a transfer every 64 rows must repeat).
 
   raw           `vs_raw.py`'s raw loop (digits MLP, Adam, numpy batches)
   loop_rawstep  `ciclo.loop` around the same jitted raw step (a plain callback
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import gc
 import glob
 import os
 import subprocess
@@ -111,6 +115,10 @@ def run_variant(variant: str, steps: int, most: int) -> None:
     for _ in range(2):  # compiled, warmed up
         at[0] = 0
         run(64)
+    # what exists now is never traversed again: a full collection of jax's heap
+    # in one run and not the other would read as tens of thousands per step
+    gc.collect()
+    gc.freeze()
     at[0] = 0
     run(steps)
 
