@@ -16,8 +16,9 @@ collection in one run and not the other does not count as steps' work; keep
 `N2 − N1` in the hundreds (a transfer every 64 rows must repeat).
 
   raw           `vs_raw.py`'s raw loop (digits MLP, Adam, numpy batches)
-  loop_rawstep  `ciclo.loop` around the same jitted raw step (a plain callback
-                logging its loss): ciclo's loop in situ, the managed step aside
+  loop_rawstep  `ciclo.loop` around the same jitted raw step (`blocks.py`'s: a
+                plain callback logging its loss): ciclo's loop in situ, the
+                managed step aside
   loop          `vs_raw.py`'s `ciclo.loop` with a `managed.train_step`
   train_loop    `vs_raw.py`'s `train_loop` + `keras_bar` + history
   host_raw      a plain loop calling a step that only logs a precomputed
@@ -50,6 +51,7 @@ EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "Bc", "Bcm", "Bi", "Bim")
 def run_variant(variant: str, steps: int, most: int) -> None:
     """The measured program: warms `variant` up, then runs it for `steps` steps."""
     sys.path.insert(0, HERE)
+    import blocks
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -58,21 +60,6 @@ def run_variant(variant: str, steps: int, most: int) -> None:
     import ciclo
 
     batches = vs_raw.digits_batches()
-
-    def loop_rawstep(n: int) -> None:
-        params = jax.device_put(vs_raw.init_params())
-
-        def step(state, batch):
-            params, opt_state, loss = vs_raw.raw_step(*state, *batch)
-            return ciclo.logs().add_loss("loss", loss), (params, opt_state)
-
-        state, history, _ = ciclo.loop(
-            (params, vs_raw.TX.init(params)),
-            vs_raw.stream(batches, n),
-            {ciclo.every(1): step},
-        )
-        jax.block_until_ready(state)
-        history.collect("loss")
 
     # the host variants' device scalars: as many in both runs (they cancel)
     scalar = jax.jit(lambda x: (x + 1.0, x.sum()))
@@ -103,7 +90,7 @@ def run_variant(variant: str, steps: int, most: int) -> None:
 
     runs = {
         "raw": lambda n: vs_raw.run_raw(batches, n, None),
-        "loop_rawstep": loop_rawstep,
+        "loop_rawstep": lambda n: blocks.loop_rawstep(batches, n, None),
         "loop": lambda n: vs_raw.run_loop(batches, n, vs_raw.managed_state()),
         "train_loop": lambda n: vs_raw.run_train_loop(
             batches, n, vs_raw.managed_state()
