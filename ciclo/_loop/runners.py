@@ -58,7 +58,13 @@ def runner(
     loop_callback = table.of(callback).call
     if loop_callback is not None:
         # an output of None (an observer's: writers, bars) has nothing to apply
-        if watch is None and getattr(loop_callback, "observes_only", False) is True:
+        # a managed step's own runner (`ManagedStep._loop_runner`); None: the
+        # general one below
+        own = getattr(type(callback), "_loop_runner", None)
+        run = None if own is None else own(callback, apply, watch, shown_as)
+        if run is not None:
+            pass
+        elif watch is None and getattr(loop_callback, "observes_only", False) is True:
             # a call that always returns None (`callback.observer`: writers, bars)
             # is the runner itself (a partial: it can be named, adds no frame)
             run = functools.partial(loop_callback)

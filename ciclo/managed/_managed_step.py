@@ -22,7 +22,8 @@ import numpy as np
 from ciclo._input.batch import Item, Steps, placed_for
 from ciclo._logs import Logs
 from ciclo._loop.callback import arity, describe, split_output
-from ciclo._loop.state import LoopState, hand_over
+from ciclo._loop.state import Apply, LoopState, hand_over
+from ciclo._shapes import ShapeWatch
 from ciclo._short import short
 from ciclo._strategies.base import Collectives, Strategy
 from ciclo._strategies.registry import get_strategy, strategy_of
@@ -148,6 +149,47 @@ class ManagedStep(LoopElement):
             else:
                 hand_over(ls, out[0])
         return out
+
+    def _loop_runner(
+        self, apply: Apply, watch: ShapeWatch | None, shown_as: str
+    ) -> Callable[[LoopState], None] | None:
+        """The loop's runner of this step (`ciclo._loop.runners.runner`): its
+        common call (a batch's first logs, an unfused batch, the strategy object
+        of the last call, the first output already checked by `apply`) in one
+        frame, the compiled call's logs becoming the batch's and its state the
+        loop's, as `apply` would make them; any other call goes through
+        `__loop_callback__` and `apply`. None (the loop's general runner) for
+        a subclass with its own `__loop_callback__`."""
+        if type(self).__loop_callback__ is not ManagedStep.__loop_callback__:
+            return None
+        general, call = self.__loop_callback__, self._call
+
+        def run(ls: LoopState) -> None:
+            if watch is not None:
+                batch, shapes = ls._shapes  # read by `Run` for this batch
+                if shapes is not watch.last or batch is not ls.batch:  # else seen
+                    watch(ls.batch, shown_as, shapes if batch is ls.batch else None)
+            state, batch, last = ls.state, ls.batch, self._last
+            if (
+                last is None
+                or not apply.checked
+                or ls.logs
+                or type(batch) is Steps
+                or getattr(state, "strategy", None) is not last[0]
+                or type(ls) is not LoopState
+            ):
+                out = general(ls)
+                if out is not None:
+                    apply(out, ls)
+                return
+            logs, state = call(last, state, batch, ls.elapsed, ls.placed)
+            if logs is not self._made or not logs:  # not built for the loop
+                apply((logs, state), ls)
+                return
+            ls.logs = logs  # made for the loop alone (`Apply.fresh`)
+            ls.state = state
+
+        return run
 
     def _run(
         self, state: Any, batch: Any, elapsed: Any, ahead: Item | None
