@@ -313,3 +313,32 @@ def test_flax_log_grad_norm_and_grads_fn():
     np.testing.assert_allclose(logs.metrics.bias_grad, grads["bias"][0], rtol=1e-5)
     with pytest.raises(TypeError, match="grads_fn must be a function"):
         ciclo.create_flax_state(nn.Dense(2), x, optax.sgd(0.1), grads_fn="norm")
+
+
+@pytest.mark.parametrize("strategy", ["eager", "jit"])
+def test_managed_step_between_callbacks_keeps_every_entry_and_state(strategy):
+    # a callback before the step logs and replaces the state, one after reads
+    # the step's state: every entry of every step lands in its row, in order
+    fit = managed.train_step(lambda state, x: ciclo.logs().add_loss("loss", x * 0.0))
+    seen = []
+
+    def before(state, batch):
+        return ciclo.logs().add_metric("before", batch), state.replace(
+            params=state.params + 1.0
+        )
+
+    def after(state, batch):
+        seen.append((float(state.params), int(state.step)))
+        return ciclo.logs().add_metric("after", int(state.step)), None
+
+    state, history, _ = ciclo.loop(
+        scalar_state(strategy), [1.0, 2.0, 3.0], {ciclo.every(1): [before, fit, after]}
+    )
+    assert history.collect("before") == [1.0, 2.0, 3.0]
+    assert history.collect("loss") == [0.0, 0.0, 0.0]
+    assert history.collect("after") == [1, 2, 3]
+    assert seen == [(1.0, 1), (2.0, 2), (3.0, 3)]  # the step's output state
+    assert float(state.params) == 3.0 and int(state.step) == 3
+    # alone, the step's logs are the row's (the common call)
+    state, history, _ = ciclo.loop(scalar_state(strategy), [1.0] * 4, {**fit})
+    assert history.collect("loss") == [0.0] * 4 and int(state.step) == 4
