@@ -176,7 +176,6 @@ class ManagedStep(LoopElement):
                 or ls.logs
                 or type(batch) is Steps
                 or getattr(state, "strategy", None) is not last[0]
-                or type(ls) is not LoopState
             ):
                 out = general(ls)
                 if out is not None:
