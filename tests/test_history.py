@@ -329,3 +329,70 @@ def test_elapsed_fields_read_between_commits_are_exact():
     assert steps == list(range(30)) and samples == [3 * s for s in range(30)]
     assert m == [float(s) for s in range(30)] and seen == [0, 7, 14, 21, 28]
     assert history[12]["elapsed"]["steps"] == 12
+
+
+def test_a_loops_rows_land_in_their_columns_whatever_each_step_logs():
+    # steps logging different entries, one column holding host numbers and
+    # device values, a row committed by a callback's own dict, and reads of
+    # the history in the middle of the loop: every value in its row
+    seen = []
+
+    def step(state, batch):
+        logs = ciclo.logs().add_loss("loss", jnp.float32(batch))
+        if batch % 3 == 0:
+            logs.add_metric("acc", jnp.float32(10 * batch))
+        # host numbers first, then device values, then host numbers again
+        lr = jnp.float32(batch / 2) if 4 <= batch < 9 else batch / 2
+        logs.add_entry("stateful_metrics", "lr", lr)
+        return logs, state + 1
+
+    def read(state, batch):
+        seen.append(loop_history.collect("steps", "loss"))
+        return None, state
+
+    loop_history = ciclo.history(lag=4)
+    state, history, elapsed = ciclo.loop(
+        0,
+        range(20),
+        {ciclo.every(1): [step], ciclo.every(7): [read]},
+        history=loop_history,
+    )
+    assert history is loop_history and state == 20 and len(history) == 20
+    steps, loss, lr = history.collect("steps", "loss", "lr")
+    assert steps == list(range(20)) and loss == [float(b) for b in range(20)]
+    assert lr == [b / 2 for b in range(20)]
+    assert history.collect("steps", "acc") == (
+        [0, 3, 6, 9, 12, 15, 18],
+        [0.0, 30.0, 60.0, 90.0, 120.0, 150.0, 180.0],
+    )
+    # a read at step s sees the rows of steps 0 .. s-1 (step s not committed yet)
+    assert seen == [
+        (list(range(s)), [float(b) for b in range(s)]) for s in (0, 7, 14)
+    ]
+    assert history[5]["stateful_metrics"]["lr"] == 2.5
+    assert "acc" not in history[4].get("metrics", {})
+
+
+def test_a_commit_by_hand_keeps_the_values_of_logs_changed_after():
+    history = ciclo.history()
+    logs = ciclo.logs().add_metric("m", jnp.float32(1.0))
+    history.commit(ciclo.Elapsed.create(steps=0), logs)
+    logs.add_metric("m", jnp.float32(2.0)).add_metric("n", 3.0)
+    history.commit(ciclo.Elapsed.create(steps=1), logs)
+    assert history.collect("steps", "m") == ([0, 1], [1.0, 2.0])
+    assert history.collect("steps", "n") == ([1], [3.0])
+
+
+def test_a_loops_rows_logging_the_same_entries_keep_their_order():
+    def step(state, batch):
+        logs = ciclo.logs().add_loss("loss", jnp.float32(batch))
+        return logs.add_metric("host", batch * 2.0), state
+
+    _, history, _ = ciclo.loop(
+        None, range(11), {ciclo.every(1): [step]}, history=ciclo.history(lag=4)
+    )
+    assert history.collect("steps", "loss", "host") == (
+        list(range(11)),
+        [float(b) for b in range(11)],
+        [b * 2.0 for b in range(11)],
+    )

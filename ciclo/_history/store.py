@@ -1,7 +1,7 @@
 """`HistoryStore`: the write side of `History` (`ciclo._history.history` reads it).
 
-Rows committed column-wise (`ciclo._history.columns`), their values fetched to the host
-lagged (`ciclo._history.transfer`), a write cut short by Ctrl-C healed by the next one,
+Rows staged as committed, put in their columns (`ciclo._history.columns`) together
+before any read, their values fetched to the host lagged (`ciclo._history.transfer`),
 and pickling (so checkpoints) as host data.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import bisect
 import collections
+import operator
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -47,6 +48,48 @@ def _fields(elapsed: Any) -> Any:
         ) from None
 
 
+_ELAPSED_OF = operator.itemgetter(0)
+_LOGS_OF = operator.itemgetter(1)
+_TIMES = tuple(operator.attrgetter(f) for f in _ELAPSED_FIELDS)
+
+
+def _times(staged: list[tuple[Any, Logs]]) -> list[array.array]:
+    """The staged rows' `elapsed` fields as four arrays (steps, samples, time,
+    date), built whole before any column changes."""
+    elapsed = list(map(_ELAPSED_OF, staged))
+    out = []
+    for field, typecode in zip(_TIMES, "qqdd"):
+        try:  # the loop's own: Python numbers, converted in C
+            out.append(array.array(typecode, map(field, elapsed)))
+        except (TypeError, ValueError, OverflowError):  # e.g. steps as a float
+            convert = int if typecode == "q" else float
+            out.append(array.array(typecode, [convert(field(e)) for e in elapsed]))
+    return out
+
+
+def _groups(staged: list[tuple[Any, Logs]]) -> list[tuple[str, str, list]] | None:
+    """`(collection, name, values)` per entry when every staged row logged the
+    same entries (values in row order; C-level passes, no bytecode per row),
+    else None."""
+    logs = list(map(_LOGS_OF, staged))
+    first = logs[0]
+    if len(set(map(len, logs))) != 1:
+        return None
+    out = []
+    try:
+        for collection, entries in first.items():
+            per_row = list(map(operator.itemgetter(collection), logs))
+            if len(set(map(len, per_row))) != 1:
+                return None
+            for name in entries:
+                out.append(
+                    (collection, name, list(map(operator.itemgetter(name), per_row)))
+                )
+    except (KeyError, TypeError):  # a row without one of them
+        return None
+    return out
+
+
 class HistoryStore:
     """What a `History` stores (see its docstring). Subclasses read it through
     `_rows` (the committed rows), `_columns` (`(collection, name) -> column`, the
@@ -61,13 +104,16 @@ class HistoryStore:
         # loop asks for rows sooner (`read_within`, e.g. nan_guard's `max_lag`)
         self._every = lag
         self._rows = 0
-        self._elapsed = tuple(ElapsedColumn(t) for t in ("q", "q", "d", "d"))
-        self._columns: dict[tuple[str, str], Column | ElapsedColumn] = {
+        # the rows committed but not yet in their columns: `(elapsed, logs)`,
+        # put in them together (`_settle`) before anything reads the columns
+        self._staged: list[tuple[Any, Logs]] = []
+        self._elapsed_columns = tuple(ElapsedColumn(t) for t in ("q", "q", "d", "d"))
+        self._all_columns: dict[tuple[str, str], Column | ElapsedColumn] = {
             (ELAPSED, name): column
-            for name, column in zip(_ELAPSED_FIELDS, self._elapsed)
+            for name, column in zip(_ELAPSED_FIELDS, self._elapsed_columns)
         }
-        self._entries: list[Column] = []  # the columns of logged entries
-        # collection -> name -> column: `_columns` without building a key per entry
+        self._entry_columns: list[Column] = []  # the columns of logged entries
+        # collection -> name -> column: `_all_columns` without a key per entry
         self._by_collection: dict[str, dict[str, Column]] = {}
         self._fetched = 0  # rows below this one are all on the host
         # the rows committed at the last read that brought them all to the host
@@ -118,12 +164,80 @@ class HistoryStore:
             elapsed = _fields(elapsed)
         with DEFERRED:  # Ctrl-C meanwhile: raised once the row is whole
             self._append(elapsed, logs)
+            self._settle()  # the caller may change `logs` after
 
     def _append(self, elapsed: Elapsed, logs: Logs) -> None:
+        """Commits one row: staged as it is (a few bytecodes a step), put in its
+        columns with the other staged rows by `_settle`. `logs` is not changed
+        after (the loop's are each batch's own; `commit` settles at once)."""
         declared = logs._aggregations
         if declared:
             self._declared.update(declared)
-        row, by_collection = self._rows, self._by_collection
+        self._staged.append((elapsed, logs))
+        self._rows = row = self._rows + 1
+        if row >= self._due:
+            self._advance()
+
+    # -- the columns, the staged rows put in first ------------------------------------
+    @property
+    def _columns(self) -> dict[tuple[str, str], Column | ElapsedColumn]:
+        """`(collection, name) -> column`, the `elapsed` ones first."""
+        if self._staged:
+            self._settle()
+        return self._all_columns
+
+    @property
+    def _elapsed(self) -> tuple[ElapsedColumn, ...]:
+        """The columns of the `elapsed` fields (steps, samples, time, date)."""
+        if self._staged:
+            self._settle()
+        return self._elapsed_columns
+
+    @property
+    def _entries(self) -> list[Column]:
+        """The columns of logged entries."""
+        if self._staged:
+            self._settle()
+        return self._entry_columns
+
+    def _settle(self) -> None:
+        """Puts the staged rows in their columns, in order: when every staged row
+        logged the same entries (the loop's common case), each column takes its
+        values in one C-level pass; otherwise row by row."""
+        with DEFERRED:  # Ctrl-C meanwhile: raised once the rows are in
+            staged = self._staged
+            if not staged:
+                return
+            first = self._rows - len(staged)
+            times = _times(staged)
+            groups = _groups(staged)
+            steps, samples, time, date = self._elapsed_columns
+            steps.values.extend(times[0])
+            samples.values.extend(times[1])
+            time.values.extend(times[2])
+            date.values.extend(times[3])
+            if groups is None:
+                for row, (_, logs) in enumerate(staged, first):
+                    self._place(row, logs)
+            else:
+                rows = range(first, first + len(staged))
+                for collection, name, values in groups:
+                    column = self._column(collection, name)
+                    column.rows.extend(rows)
+                    kinds = set(map(type, values))
+                    if not kinds & _HOST_NUMBERS:
+                        column.pending.extend(values)  # device values (or others)
+                    else:
+                        for value in values:
+                            if type(value) in _HOST_NUMBERS and not column.pending:
+                                column.append(value)  # a host number: no transfer
+                            else:
+                                column.pending.append(value)
+            self._staged = []
+
+    def _place(self, row: int, logs: Logs) -> None:
+        """Puts the entries of `logs`, committed as row `row`, in their columns."""
+        by_collection = self._by_collection
         for collection, entries in logs.items():
             named = by_collection.get(collection)
             if named is None:
@@ -137,22 +251,14 @@ class HistoryStore:
                     column.append(value)  # a host number: no transfer (lr_monitor)
                 else:
                     column.pending.append(value)
-        steps, samples, time, date = self._elapsed
-        steps.values.append(int(elapsed.steps))
-        samples.values.append(int(elapsed.samples))
-        time.values.append(float(elapsed.time))
-        date.values.append(float(elapsed.date))
-        self._rows = row = row + 1
-        if row >= self._due:
-            self._advance()
 
     def _column(self, collection: str, name: str) -> Column:
         """The column of an entry, registered (empty) if it is new."""
-        column = self._columns.get((collection, name))
+        column = self._all_columns.get((collection, name))
         if column is None:
             column = Column()
-            self._entries.append(column)  # flushed before it is readable
-            self._columns[(collection, name)] = column
+            self._entry_columns.append(column)  # flushed before it is readable
+            self._all_columns[(collection, name)] = column
         return column
 
     def commit_steps(self, elapsed: Elapsed, steps: Steps, logs: Logs) -> None:
@@ -175,6 +281,7 @@ class HistoryStore:
     def _append_steps(self, elapsed: Elapsed, steps: Steps, logs: Logs) -> None:
         n, rows = steps.n, steps.rows
         per_step = steps.samples // n
+        self._settle()  # the rows before these first
         in_last = {(c, name) for c, name, _ in logs.entries()}
         first = self._rows
         for collection, name, value in Logs(rows).entries():
@@ -183,7 +290,7 @@ class HistoryStore:
             column.rows.extend(range(first, first + count))
             column.pending.extend(transfer.rows(value, count))
         # rows 0 .. n-2 (the last one is committed below, with `logs`)
-        steps_column, samples, time, date = self._elapsed
+        steps_column, samples, time, date = self._elapsed_columns
         s0, m0 = int(elapsed.steps), int(elapsed.samples)
         steps_column.values.extend(range(s0, s0 + n - 1))
         samples.values.extend([m0 + i * per_step for i in range(n - 1)])
@@ -202,6 +309,7 @@ class HistoryStore:
         whose values are computed (oldest first, without waiting), then starts
         one for the rows committed since. When `4 * lag` rows are not on the host
         yet (the device is far behind), waits for the oldest `lag` of them."""
+        self._settle()
         in_flight = self._in_flight
         wait = self._rows - self._fetched >= 4 * self.lag
         goal = self._fetched + self.lag
