@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._entries import Entries
 from ciclo._input.batch import Item, Steps, placed_for
 from ciclo._logs import Logs
 from ciclo._loop.callback import arity, describe, split_output
@@ -163,8 +164,12 @@ class ManagedStep(LoopElement):
         if type(self).__loop_callback__ is not ManagedStep.__loop_callback__:
             return None
         general, call = self.__loop_callback__, self._call
+        new_logs = Logs.__new__
+        two = self._arity == 2  # (state, batch): no `elapsed` goes to the call
+        simple = None  # the `last` whose call `run` makes itself: see below
 
         def run(ls: LoopState) -> None:
+            nonlocal simple
             if watch is not None:
                 batch, shapes = ls._shapes  # read by `Run` for this batch
                 if shapes is not watch.last or batch is not ls.batch:  # else seen
@@ -181,11 +186,36 @@ class ManagedStep(LoopElement):
                 if out is not None:
                     apply(out, ls)
                 return
-            logs, state = call(last, state, batch, ls.elapsed, ls.placed)
-            if logs is not self._made or not logs:  # not built for the loop
+            if last is not simple:
+                # `_call`, written out below, for a step of (state, batch) under
+                # a strategy that compiles its step and bounds no calls in flight
+                strategy = last[0]
+                if not (two and compiles(strategy) and strategy.max_in_flight is None):
+                    logs, state = call(last, state, batch, ls.elapsed, ls.placed)
+                    if logs is not self._made or not logs:  # not built for the loop
+                        apply((logs, state), ls)
+                        return
+                    ls.logs = logs  # made for the loop alone (`Apply.fresh`)
+                    ls.state = state
+                    return
+                simple = last
+            strategy, compiled, as_is = last
+            placed = ls.placed  # `placed_for(ls.placed, strategy)`, written out
+            if placed is not None and placed.strategy is strategy:
+                batch = placed.placed  # read ahead and placed by the loop
+            elif not as_is:
+                batch = strategy.place_batch(batch)
+            logs, state = compiled(state, batch, None)
+            if type(logs) is not dict:  # not plain dicts (`plain_logs`)
                 apply((logs, state), ls)
                 return
-            ls.logs = logs  # made for the loop alone (`Apply.fresh`)
+            made = self._made = new_logs(Logs)  # `as_logs(logs)`, written out
+            for name, entries in logs.items():
+                made[name] = Entries(entries)
+            if not made:
+                apply((made, state), ls)
+                return
+            ls.logs = made  # made for the loop alone (`Apply.fresh`)
             ls.state = state
 
         return run
