@@ -476,3 +476,22 @@ def test_accumulated_logs_hold_the_newest_value_of_every_entry_over_long_runs():
     ciclo.loop(None, range(1000), {ciclo.every(1): step, at_300s: read})
     expected = [(b, b - b % 7, 3) for b in range(1000) if b % 300 == 5]
     assert seen == expected
+
+
+def test_accumulated_logs_of_steps_logging_the_same_entries_are_the_newest():
+    seen = []
+
+    def step(state, batch):
+        if batch % 300 == 299:  # read below: the others' newest values
+            return ciclo.logs().add_metric("x", batch), state
+        return ciclo.logs().add_metric("m", batch).add_loss("loss", 2.0 * batch), state
+
+    def read(state, batch, elapsed, loop_state):
+        acc = loop_state.accumulated_logs
+        seen.append((acc["metrics"]["m"], acc["losses"]["loss"], acc["metrics"]["x"]))
+
+    def last_of_each_300(elapsed):
+        return elapsed.steps % 300 == 299
+
+    ciclo.loop(None, range(700), {ciclo.every(1): step, last_of_each_300: read})
+    assert seen == [(298, 596.0, 299), (598, 1196.0, 599)]
