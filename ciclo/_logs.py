@@ -7,6 +7,7 @@ modes) and the per-step paths written out inline on purpose (`add_metric`,
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -380,6 +381,29 @@ class Logs(dict):
 
     def _names(self) -> list[str]:
         return [f"{c}.{n}" for c, n, _ in self.entries()]
+
+
+def same_entries(rows: list[Any]) -> list[tuple[str, str, list[Any]]] | None:
+    """`(collection, name, values)` per entry when every logs of `rows` holds the
+    same entries (values in `rows`' order), else None. Checked and gathered
+    with C-level passes (no bytecode per logs): what the History's commits and
+    the loop's accumulated logs take many logs at once with."""
+    first = rows[0]
+    if len(set(map(len, rows))) != 1:
+        return None
+    out = []
+    try:
+        for collection, entries in first.items():
+            per_row = list(map(operator.itemgetter(collection), rows))
+            if len(set(map(len, per_row))) != 1:
+                return None
+            for name in entries:
+                out.append(
+                    (collection, name, list(map(operator.itemgetter(name), per_row)))
+                )
+    except (KeyError, TypeError):  # a logs without one of them, or not a mapping
+        return None
+    return out
 
 
 def logs(collections: Mapping[str, Mapping[str, Any]] | None = None) -> Logs:

@@ -19,7 +19,7 @@ from ciclo._history import transfer
 from ciclo._history.columns import Column, ElapsedColumn
 from ciclo._input.batch import Steps
 from ciclo._interrupts import DEFERRED
-from ciclo._logs import Logs
+from ciclo._logs import Logs, same_entries
 from ciclo._short import short
 from ciclo._time import Elapsed, new_elapsed
 
@@ -67,27 +67,13 @@ def _times(staged: list[tuple[Any, Logs]]) -> list[array.array]:
     return out
 
 
-def _groups(staged: list[tuple[Any, Logs]]) -> list[tuple[str, str, list]] | None:
-    """`(collection, name, values)` per entry when every staged row logged the
-    same entries (values in row order; C-level passes, no bytecode per row),
-    else None."""
-    logs = list(map(_LOGS_OF, staged))
-    first = logs[0]
-    if len(set(map(len, logs))) != 1:
-        return None
-    out = []
-    try:
-        for collection, entries in first.items():
-            per_row = list(map(operator.itemgetter(collection), logs))
-            if len(set(map(len, per_row))) != 1:
-                return None
-            for name in entries:
-                out.append(
-                    (collection, name, list(map(operator.itemgetter(name), per_row)))
-                )
-    except (KeyError, TypeError):  # a row without one of them
-        return None
-    return out
+def _put(column: Column, value: Any) -> None:
+    """One committed value into its column: a host number straight in when
+    nothing of the column is pending (no transfer: lr_monitor's), else pending."""
+    if type(value) in _HOST_NUMBERS and not column.pending:
+        column.append(value)
+    else:
+        column.pending.append(value)
 
 
 class HistoryStore:
@@ -204,13 +190,13 @@ class HistoryStore:
         """Puts the staged rows in their columns, in order: when every staged row
         logged the same entries (the loop's common case), each column takes its
         values in one C-level pass; otherwise row by row."""
+        staged = self._staged
+        if not staged:
+            return
         with DEFERRED:  # Ctrl-C meanwhile: raised once the rows are in
-            staged = self._staged
-            if not staged:
-                return
             first = self._rows - len(staged)
             times = _times(staged)
-            groups = _groups(staged)
+            groups = same_entries(list(map(_LOGS_OF, staged)))
             steps, samples, time, date = self._elapsed_columns
             steps.values.extend(times[0])
             samples.values.extend(times[1])
@@ -224,15 +210,11 @@ class HistoryStore:
                 for collection, name, values in groups:
                     column = self._column(collection, name)
                     column.rows.extend(rows)
-                    kinds = set(map(type, values))
-                    if not kinds & _HOST_NUMBERS:
+                    if not set(map(type, values)) & _HOST_NUMBERS:
                         column.pending.extend(values)  # device values (or others)
                     else:
                         for value in values:
-                            if type(value) in _HOST_NUMBERS and not column.pending:
-                                column.append(value)  # a host number: no transfer
-                            else:
-                                column.pending.append(value)
+                            _put(column, value)
             self._staged = []
 
     def _place(self, row: int, logs: Logs) -> None:
@@ -247,10 +229,7 @@ class HistoryStore:
                 if column is None:
                     column = named[name] = self._column(collection, name)
                 column.rows.append(row)
-                if type(value) in _HOST_NUMBERS and not column.pending:
-                    column.append(value)  # a host number: no transfer (lr_monitor)
-                else:
-                    column.pending.append(value)
+                _put(column, value)
 
     def _column(self, collection: str, name: str) -> Column:
         """The column of an entry, registered (empty) if it is new."""

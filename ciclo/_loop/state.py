@@ -17,7 +17,7 @@ import numpy as np
 from ciclo._entries import Entries
 from ciclo._history.history import History
 from ciclo._input.batch import Item
-from ciclo._logs import Logs, _new_logs
+from ciclo._logs import Logs, _new_logs, same_entries
 from ciclo._loop.callback import describe, split_output
 from ciclo._time import Elapsed
 from ciclo._warn import warn
@@ -270,29 +270,15 @@ def _copy(logs: Logs) -> Logs:
 _DECLARED = operator.attrgetter("_aggregations")
 
 
-def _alike(unmerged: list[Any]) -> dict[str, dict[str, Any]] | None:
-    """The newest of `unmerged`'s logs, its collections copied, when they are
-    all `Logs` of the same entries (checked by C-level passes, no bytecode per
-    logs): then it holds the newest value of every entry; else None."""
-    if set(map(type, unmerged)) != {Logs} or len(set(map(frozenset, unmerged))) != 1:
-        return None
-    newest = unmerged[-1]
-    try:
-        for collection in newest:
-            per = map(operator.itemgetter(collection), unmerged)
-            if len(set(map(frozenset, per))) != 1:
-                return None
-        return {collection: dict(entries) for collection, entries in newest.items()}
-    except (TypeError, ValueError):  # a collection that is not a mapping of names
-        return None
-
-
 def _fold(merged: Logs, unmerged: list[Any]) -> None:
     """Merges the `unmerged` logs into `merged`, in order: only the newest value of
     each entry is copied (the logs are read newest first; one whose entries were
     all seen is skipped with a set comparison)."""
-    newest = _alike(unmerged)
-    if newest is not None:  # the common case: every step logged the same entries
+    groups = same_entries(unmerged) if set(map(type, unmerged)) == {Logs} else None
+    if groups is not None:  # the common case: every step logged the same entries
+        newest: dict[str, dict[str, Any]] = {c: {} for c in unmerged[-1]}
+        for collection, name, values in groups:
+            newest[collection][name] = values[-1]
         if any(map(_DECLARED, unmerged)):
             for logs in unmerged:
                 declared = logs._aggregations

@@ -167,9 +167,10 @@ class ManagedStep(LoopElement):
         new_logs = Logs.__new__
         two = self._arity == 2  # (state, batch): no `elapsed` goes to the call
         simple = None  # the `last` whose call `run` makes itself: see below
+        plain = None  # the last `last` whose call goes through `_call`
 
         def run(ls: LoopState) -> None:
-            nonlocal simple
+            nonlocal simple, plain
             if watch is not None:
                 batch, shapes = ls._shapes  # read by `Run` for this batch
                 if shapes is not watch.last or batch is not ls.batch:  # else seen
@@ -190,7 +191,10 @@ class ManagedStep(LoopElement):
                 # `_call`, written out below, for a step of (state, batch) under
                 # a strategy that compiles its step and bounds no calls in flight
                 strategy = last[0]
-                if not (two and compiles(strategy) and strategy.max_in_flight is None):
+                if last is plain or not (
+                    two and compiles(strategy) and strategy.max_in_flight is None
+                ):
+                    plain = last
                     logs, state = call(last, state, batch, ls.elapsed, ls.placed)
                     if logs is not self._made or not logs:  # not built for the loop
                         apply((logs, state), ls)
