@@ -8,9 +8,12 @@ device scalars); in `vs_raw.py` the same loop around a real jitted step costs
 1.5–3× as much over the raw loop. On a shared 2-core VM timings cannot say why
 (their spread is wider than the effect). Counts can: each variant runs under
 `valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes` twice, with
-`--steps` N1 and N2 steps after the same warm-up, and the main thread's totals
-of the two runs are subtracted, so the start-up, the compilation and the
-warm-up cancel and what is left is per step, `(N2 − N1)` steps' worth. The
+`--steps` N1 and N2 steps after a warm-up (two runs of 64 steps, then one of
+the measured length, so that each run compiles what its length needs before
+it is counted: the history's stack for a last transfer shorter than `lag`),
+and the main thread's totals of the two runs are subtracted, so the start-up,
+the compilation and the warm-up cancel and what is left is per step,
+`(N2 − N1)` steps' worth. The
 objects alive after the warm-up are frozen (`gc.freeze()`) so that a full
 collection in one run and not the other does not count as steps' work; keep
 `N2 − N1` in the hundreds (a transfer every 64 rows must repeat).
@@ -94,9 +97,12 @@ def run_variant(variant: str, steps: int, most: int) -> None:
         "host_loop": host_loop,
     }
     run = runs[variant]
-    for _ in range(2):  # compiled, warmed up
+    # compiled, warmed up: the measured run's own length last, so that what it
+    # compiles once (the history's stack of its last, shorter transfer: one
+    # size per remainder of `lag`) is compiled here, not counted as steps' work
+    for n in (64, 64, steps):
         at[0] = 0
-        run(64)
+        run(n)
     # what exists now is never traversed again: a full collection of jax's heap
     # in one run and not the other would read as tens of thousands per step
     gc.collect()
