@@ -64,13 +64,14 @@ class Column:
             and isinstance(self.values, array.array)
         ):
             kind = values.dtype.kind
+            # copied in bulk, as the typed array's own 8-byte items
             if kind in "iu" and self.values.typecode == "q":
-                self.values.extend(values.astype(np.int64).tolist())
+                self.values.frombytes(values.astype(np.int64).tobytes())
                 return
             if kind == "f" and values.dtype.itemsize >= 4:
                 if self.values.typecode == "q":
                     self.values = array.array("d", self.values)
-                self.values.extend(values.astype(np.float64).tolist())
+                self.values.frombytes(values.astype(np.float64).tobytes())
                 return
         for value in values:
             self.append(value)

@@ -218,10 +218,7 @@ class Transfer:
             for v in (value if isinstance(value, list) else (value,))
             if isinstance(v, jax.Array)
         ]
-        with explicit():  # started as `jax.device_get` starts its copies
-            for value in device:
-                with contextlib.suppress(Exception):  # e.g. a deleted array
-                    value.copy_to_host_async()
+        _prefetch(device)
         self._host, self._others, self._plans = host, others, plans
         self._device = device
 
@@ -276,8 +273,7 @@ class Stacked:
     __slots__ = ("_sizes", "_stacked")
 
     def __init__(self, stacked: jax.Array, sizes: list[int]):
-        with explicit(), contextlib.suppress(Exception):  # as `Transfer` starts it
-            stacked.copy_to_host_async()
+        _prefetch((stacked,))  # as `Transfer` starts its copies
         self._stacked, self._sizes = stacked, sizes
 
     def ready(self) -> bool:
@@ -296,6 +292,24 @@ class Stacked:
             out.append(host[at : at + n])
             at += n
         return out
+
+
+def _prefetch(arrays: Any) -> None:
+    """Starts the copies of `arrays` (jax arrays) to the host, as
+    `jax.device_get` starts its own. Not for an array already in host memory
+    (jax's CPU devices): reading it later is a view, and the copy would cost
+    the loop's thread more than that read."""
+    with explicit():
+        for value in arrays:
+            with contextlib.suppress(Exception):  # e.g. a deleted array
+                if not _in_host_memory(value):
+                    value.copy_to_host_async()
+
+
+def _in_host_memory(array: jax.Array) -> bool:
+    """Whether every device of `array` is a CPU device (its buffers are host
+    memory)."""
+    return all(device.platform == "cpu" for device in array.sharding.device_set)
 
 
 def _stack_scalars(values: list[jax.Array]) -> jax.Array | list[Any]:
