@@ -8,13 +8,13 @@ device scalars); in `vs_raw.py` the same loop around a real jitted step costs
 1.5–3× as much over the raw loop. On a shared 2-core VM timings cannot say why
 (their spread is wider than the effect). Counts can: each variant runs under
 `valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes` twice, with
-`--steps` N1 and N2 steps after a warm-up (two runs of 64 steps, then one of
-the measured length, so that each run compiles what its length needs before
-it is counted: the history's stack for a last transfer shorter than `lag`),
-and the main thread's totals of the two runs are subtracted, so the start-up,
-the compilation and the warm-up cancel and what is left is per step,
-`(N2 − N1)` steps' worth. The
-objects alive after the warm-up are frozen (`gc.freeze()`) so that a full
+`--steps` N1 and N2 steps after the same warm-up (two runs of 64 steps, then
+one of N1 and one of N2 steps, so that both runs compile what either length
+needs before anything is counted: the history's stack for a last transfer
+shorter than `lag`, one size per remainder), and the main thread's totals of
+the two runs are subtracted, so the start-up, the compilation and the warm-up
+cancel and what is left is per step, `(N2 − N1)` steps' worth. The objects
+alive after the warm-up are frozen (`gc.freeze()`) so that a full
 collection in one run and not the other does not count as steps' work; keep
 `N2 − N1` in the hundreds (a transfer every 64 rows must repeat).
 
@@ -51,7 +51,7 @@ VARIANTS = ("raw", "loop_rawstep", "loop", "train_loop", "host_raw", "host_loop"
 EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "Bc", "Bcm", "Bi", "Bim")
 
 
-def run_variant(variant: str, steps: int, most: int) -> None:
+def run_variant(variant: str, steps: int, lengths: tuple[int, ...]) -> None:
     """The measured program: warms `variant` up, then runs it for `steps` steps."""
     sys.path.insert(0, HERE)
     import blocks
@@ -66,7 +66,7 @@ def run_variant(variant: str, steps: int, most: int) -> None:
     # the host variants' device scalars: as many in both runs (they cancel)
     scalars = []
     if variant.startswith("host"):
-        scalars = host_work.device_scalars(most + 256)[0]
+        scalars = host_work.device_scalars(max(lengths) + 256)[0]
     host_batches = [(np.zeros((32, 64), np.float32), np.zeros(32, np.int32))]
     at = [0]
 
@@ -97,10 +97,11 @@ def run_variant(variant: str, steps: int, most: int) -> None:
         "host_loop": host_loop,
     }
     run = runs[variant]
-    # compiled, warmed up: the measured run's own length last, so that what it
-    # compiles once (the history's stack of its last, shorter transfer: one
-    # size per remainder of `lag`) is compiled here, not counted as steps' work
-    for n in (64, 64, steps):
+    # compiled, warmed up, the same in both runs: a run of each measured length
+    # too, so that what one length compiles once (the history's stack of its
+    # last, shorter transfer: one size per remainder of `lag`) is compiled in
+    # both runs, not counted as steps' work
+    for n in (64, 64, *lengths):
         at[0] = 0
         run(n)
     # what exists now is never traversed again: a full collection of jax's heap
@@ -125,7 +126,9 @@ def main_thread_totals(path: str) -> dict[str, int]:
     return dict(zip(events, totals))
 
 
-def callgrind(variant: str, steps: int, most: int, out: str) -> dict[str, int]:
+def callgrind(
+    variant: str, steps: int, lengths: tuple[int, int], out: str
+) -> dict[str, int]:
     """Runs one variant under callgrind; the main thread's totals."""
     prefix = os.path.join(out, f"{variant}.{steps}")
     command = [
@@ -140,7 +143,7 @@ def callgrind(variant: str, steps: int, most: int, out: str) -> dict[str, int]:
         "--run",
         variant,
         str(steps),
-        str(most),
+        *map(str, lengths),
     ]
     with open(prefix + ".log", "w") as log:
         subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
@@ -154,17 +157,19 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="keep callgrind's files here")
-    parser.add_argument("--run", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--run", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        variant, steps, most = args.run
-        return run_variant(variant, int(steps), int(most))
+        variant, steps, *lengths = args.run
+        return run_variant(variant, int(steps), tuple(map(int, lengths)))
     first, second = sorted(args.steps)
     out = args.out or tempfile.mkdtemp(prefix="in_situ.")
     os.makedirs(out, exist_ok=True)
     jobs = [(v, n) for v in args.variants for n in (first, second)]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {job: pool.submit(callgrind, *job, second, out) for job in jobs}
+        futures = {
+            job: pool.submit(callgrind, *job, (first, second), out) for job in jobs
+        }
         totals = {job: future.result() for job, future in futures.items()}
     steps = second - first
     print(
