@@ -66,3 +66,22 @@ def test_a_column_whose_dtype_changes_keeps_each_value():
 
     _, history, _ = ciclo.loop(0, range(200), {ciclo.every(1): step})
     assert history.collect("v") == [i if i % 2 else i + 0.5 for i in range(200)]
+
+
+def test_signed_unsigned_and_large_integers_keep_their_values():
+    def logs(i):
+        return (
+            ciclo.logs()
+            .add_metric("negative", -jnp.int32(i) * 1_000_003)
+            .add_metric("small", jnp.uint8(i % 256))
+            .add_metric(
+                "wide",
+                jnp.asarray(4_000_000_000, jnp.uint32) - jnp.asarray(i, jnp.uint32),
+            )
+        )
+
+    history = _run(logs)
+    assert history.collect("negative") == [-i * 1_000_003 for i in range(STEPS)]
+    assert history.collect("small") == [i % 256 for i in range(STEPS)]
+    assert history.collect("wide") == [4_000_000_000 - i for i in range(STEPS)]
+    assert all(type(v) is int for v in history.collect("wide"))
