@@ -56,10 +56,13 @@ def run_variant(variant: str, steps: int, lengths: tuple[int, ...]) -> None:
     sys.path.insert(0, HERE)
     import blocks
     import host_work
+    import jax
+    import jax.numpy as jnp
     import numpy as np
     import vs_raw
 
     import ciclo
+    from ciclo._history import transfer
 
     batches = vs_raw.digits_batches()
 
@@ -104,6 +107,12 @@ def run_variant(variant: str, steps: int, lengths: tuple[int, ...]) -> None:
     for n in (64, 64, *lengths):
         at[0] = 0
         run(n)
+    # and the stack of every size a read can take (a power of two): a bar's
+    # poll fetches the rows since its last redraw, which under valgrind's
+    # slowness is a different number than in the warm-up
+    zero = jax.jit(lambda: jnp.float32(0))()  # a step's output, as the loss is
+    for size in (1 << i for i in range(10)):
+        jax.block_until_ready(transfer._stack_scalars([zero] * size))
     # what exists now is never traversed again: a full collection of jax's heap
     # in one run and not the other would read as tens of thousands per step
     gc.collect()
