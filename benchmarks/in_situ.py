@@ -8,15 +8,16 @@ device scalars); in `vs_raw.py` the same loop around a real jitted step costs
 1.5–3× as much over the raw loop. On a shared 2-core VM timings cannot say why
 (their spread is wider than the effect). Counts can: each variant runs under
 `valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes` twice, with
-`--steps` N1 and N2 steps after the same warm-up (two runs of 64 steps, then
-one of N1 and one of N2 steps, so that both runs compile what either length
-needs before anything is counted: the history's stack for a last transfer
-shorter than `lag`, one size per remainder), and the main thread's totals of
-the two runs are subtracted, so the start-up, the compilation and the warm-up
-cancel and what is left is per step, `(N2 − N1)` steps' worth. The objects
-alive after the warm-up are frozen (`gc.freeze()`) so that a full
-collection in one run and not the other does not count as steps' work; keep
-`N2 − N1` in the hundreds (a transfer every 64 rows must repeat).
+`--steps` N1 and N2 steps after the same warm-up, and the main thread's totals
+of the two runs are subtracted, so the start-up, the compilation and the
+warm-up cancel and what is left is per step, `(N2 − N1)` steps' worth. The
+warm-up runs 64 steps twice, then N1 and N2 steps, and compiles the history's
+stack for every size a read can take: what either run would compile once (the
+stack of a last transfer shorter than `lag`, of a bar's poll) is compiled
+before anything is counted. The objects alive after the warm-up are frozen
+(`gc.freeze()`) so that a full collection in one run and not the other does
+not count as steps' work; keep `N2 − N1` in the hundreds (a transfer every 64
+rows must repeat).
 
   raw           `vs_raw.py`'s raw loop (digits MLP, Adam, numpy batches)
   loop_rawstep  `ciclo.loop` around the same jitted raw step (`blocks.py`'s: a
