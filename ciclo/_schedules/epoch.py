@@ -56,32 +56,54 @@ class EpochEnd(Schedule):
         # deciding may read the next batch of the pass (`Run`, `Inputs.keep_batches`)
         self.asks_pass_end = passes
         self._fields = tuple(fields.items())  # read per batch: computed once
+        # only the pass end and a `stop` in steps decide (`train_loop` over its
+        # passes, no duration): the per-batch decision takes its short path
+        stop_fields = {} if stop is None else stop.fields()
+        self._pass_only = (
+            passes and not self._fields and stop_fields.keys() <= {"steps"}
+        )
+        self._stop_steps = stop_fields.get("steps", math.inf)
         self._index, self._for, self._ended = self._indices(start), None, False
         self.count = max(self._index, default=count_from)
-        self.decided = False  # a decision was taken for an earlier batch
+
+    @property
+    def decided(self) -> bool:
+        """Whether a decision was taken for an earlier batch."""
+        return self._for is not None
 
     def _indices(self, elapsed: Elapsed) -> tuple[int, ...]:
         return tuple(math.floor(getattr(elapsed, f) / n) for f, n in self._fields)
 
     def __call__(self, loop_state: LoopState) -> bool:
         after = loop_state.elapsed_after
-        if after is not self._for:
-            ended = self.stop is not None and self.stop.reached(after)
-            index = self._index
-            if self._fields:  # an `epoch_duration`: its counts moved on?
-                index = self._indices(after)
-                ended = ended or any(new > old for new, old in zip(index, self._index))
-            requested = loop_state.stopping or loop_state.stop_iteration
-            if not ended and not requested and self.passes:
+        if after is self._for:  # decided for this batch already
+            return self._ended
+        self._for = after
+        if self._pass_only:
+            ended = after.steps >= self._stop_steps
+            if not (ended or loop_state.stopping or loop_state.stop_iteration):
                 item = loop_state.placed  # its pass end, when the stage knows it
                 if item is not None:
                     ended = item.last_of_pass
                     if ended is None:  # the stage reads on to learn it
                         ended = last_of_pass(loop_state)
-            self._index, self._for, self._ended = index, after, ended
-            self.count += ended
-            self.decided = True
-        return self._ended
+        else:
+            ended = self.stop is not None and self.stop.reached(after)
+            if self._fields:  # an `epoch_duration`: its counts moved on?
+                index = self._indices(after)
+                ended = ended or any(new > old for new, old in zip(index, self._index))
+                self._index = index
+            requested = loop_state.stopping or loop_state.stop_iteration
+            if not ended and not requested and self.passes:
+                item = loop_state.placed
+                if item is not None:
+                    ended = item.last_of_pass
+                    if ended is None:
+                        ended = last_of_pass(loop_state)
+        self._ended = ended
+        if ended:
+            self.count += 1
+        return ended
 
     def begins(self) -> bool:
         """Whether the current batch begins an epoch (asked before this batch's
