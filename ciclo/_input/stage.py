@@ -138,22 +138,6 @@ class Inputs:
             self._marks.append((self.handed, self._position))
         return True
 
-    def _pull(self) -> Item | None:
-        """The next item of the current pass; None at its end."""
-        if self._items is None:
-            return None
-        try:
-            item = next(self._items)
-        except StopIteration:
-            self._items = None
-            self._passes.ended(self._read)
-            return None
-        except BaseException:
-            self._items, self._broken = None, True
-            raise
-        self._read += 1
-        return item
-
     def __iter__(self) -> Inputs:
         return self
 
@@ -171,7 +155,7 @@ class Inputs:
                     if not self._open():
                         raise StopIteration
                     items = self._items
-                try:  # `self._pull()`, written out (the hot path)
+                try:  # the next item of the pass (the hot path)
                     item = next(items)
                 except StopIteration:
                     self._items = None
@@ -197,23 +181,36 @@ class Inputs:
         (`keep_batches` off). When the dataset raises reading it, the pass
         did not end and the error is raised when that batch is due."""
         if item.last_of_pass is None:
-            counted, left = self._counted, self._left
-            if (
-                counted is not None
-                and self._ahead is None
-                and (left is None or left[0] > 0)
-            ):
-                item.last_of_pass = counted.__length_hint__() == 0
-                return item.last_of_pass
+            counted = self._counted
+            if counted is not None and self._ahead is None:
+                left = self._left
+                if left is None or left[0] > 0:
+                    item.last_of_pass = counted.__length_hint__() == 0
+                    return item.last_of_pass
             if self.keep_batches:
                 item.keep()
-            try:
-                self._ahead = self._pull()
+            items = self._items
+            if items is None:
+                item.last_of_pass = True
+                return True
+            try:  # the next item of the pass, handed out next
+                self._ahead = next(items)
+            except StopIteration:
+                self._items = None
+                self._passes.ended(self._read)
+                item.last_of_pass = True
+                return True
             except Exception as error:
+                self._items, self._broken = None, True
                 self._failed = error
                 item.last_of_pass = False
-            else:
-                item.last_of_pass = self._ahead is None
+                return False
+            except BaseException:
+                self._items, self._broken = None, True
+                raise
+            self._read += 1
+            item.last_of_pass = False
+            return False
         return item.last_of_pass
 
     def get_state(self) -> Any:
