@@ -541,3 +541,36 @@ def test_keras_bar_works_whatever_setuptools_ships(tmp_path, setuptools):
         "3/3 - " in result.stdout and "loss: 1.0000" in result.stdout
     )  # plain: a pipe
     assert result.stdout.strip().endswith("trained")
+
+
+@pytest.mark.parametrize("by_hand", [False, True])
+def test_bar_shows_names_in_the_order_first_logged(by_hand, monkeypatch):
+    # names that first appear between two redraws (never in a drawn step's logs)
+    # still take their place: first logged first; in one step, losses before
+    # metrics (a loss named in both is shown once, where it first came)
+    tty = as_tty(monkeypatch)
+
+    def step(state, batch):
+        i, logs = int(state), ciclo.logs()
+        logs.add_loss("loss", 1.0 + i)
+        if i == 3:
+            logs.add_metric("b", 3.0)
+        if i == 5:
+            logs.add_metric("a", 5.0)
+        if i == 7:
+            logs.add_metric("m", 7.0).add_loss("l", 7.5)
+        return logs, state + 1
+
+    bar = ciclo.keras_bar(total=10, interval=1000.0)  # draws at the first step only
+    if by_hand:
+        state = 0
+        for elapsed, batch in ciclo.elapse(batches(10)):
+            logs, state = step(state, batch)
+            bar(elapsed, logs)
+    else:
+        ciclo.loop(0, batches(10), {ciclo.every(1): [step, bar]})
+    line = last_line(tty.take())
+    assert line.startswith("10/10"), line
+    names = re.findall(r" - (\w+): ", line)
+    assert names == ["loss", "b", "a", "l", "m"], line
+    assert "b: 3.0000" in line and "a: 5.0000" in line and "loss: 10.0000" in line

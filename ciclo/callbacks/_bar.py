@@ -79,6 +79,14 @@ class ProgressBar(LoopElement):
         self._steps_only = self.total is not None and self.total.fields().keys() == {
             "steps"
         }
+        # the steps before which only a redraw's time makes the per-step test
+        # update the bar: none when its total is not in steps alone
+        if self.total is None:
+            self._quiet_below = math.inf
+        elif self._steps_only:
+            self._quiet_below = self.total.steps - 1
+        else:
+            self._quiet_below = -math.inf
         self._values = Shown()
         # epoch summaries waiting for their row to reach the host, in order:
         # (rows once the epoch-end batch is committed, where, the step's values)
@@ -139,20 +147,32 @@ class ProgressBar(LoopElement):
     def __loop_callback__(self, loop_state: LoopState) -> None:
         # None: no logs, no state (the loop applies nothing)
         values = self._values  # `values.follow(history, logs)`, written out
-        values.history, values._committed = loop_state.history, False
-        values._note(loop_state.logs)
+        values.history, values._live = loop_state.history, loop_state.logs
+        if self._attend:  # an epoch ended, summaries wait, the run starts or ended
+            self._attend_to(loop_state)
+        # the cheap per-step test: no redraw is due and the total is not reached
+        elif (
+            _time.monotonic() >= self._due
+            or loop_state.elapsed.steps >= self._quiet_below
+        ):
+            self._update(loop_state.elapsed_after)
+
+    def _attend_to(self, loop_state: LoopState) -> None:
+        """The step's call when the cheap test does not decide (`_attend`)."""
         if self._epoch_ended or self._summaries or self._epoch_from is None:
             self._epoch(loop_state.logs, loop_state.elapsed, loop_state.elapsed_after)
-        if self._finished:
-            return
-        # the cheap per-step test: no redraw is due and the total is not reached
-        if _time.monotonic() - self._last_draw < self._every and not self._epoch_ended:
-            total = self.total
-            if total is None or (
-                self._steps_only and loop_state.elapsed.steps + 1 < total.steps
-            ):
-                return
-        self._update(loop_state.elapsed_after)
+        if not self._finished and (
+            _time.monotonic() >= self._due
+            or self._epoch_ended
+            or loop_state.elapsed.steps >= self._quiet_below
+        ):
+            self._update(loop_state.elapsed_after)
+        self._attend = bool(
+            self._epoch_ended
+            or self._summaries
+            or self._epoch_from is None
+            or self._finished
+        )
 
     def __loop_end__(self, loop_state: LoopState) -> None:
         """Shows the final values and closes the bar (normal end, Ctrl-C, error)."""
@@ -192,6 +212,7 @@ class ProgressBar(LoopElement):
         if self._epoch_ended and self._summarizes():
             self._epoch_ended = False  # the summary replaces the progress line,
             self._last_draw = _time.monotonic()  # and counts as one for the interval
+            self._due = self._last_draw + self._every
             steps, since = self._epoch_from
             now = _time.time()
             per_step = (
@@ -256,6 +277,7 @@ class ProgressBar(LoopElement):
         self._origin = (current, _time.time())
         if self._plain:  # the first line after an interval, or at an epoch end
             self._last_draw = _time.monotonic()
+        self._due = self._last_draw + self._every  # the next redraw's time
 
     def _update(self, done: Elapsed) -> None:
         if self._finished:
@@ -276,6 +298,7 @@ class ProgressBar(LoopElement):
         if self._plain and self._summaries:  # an epoch's summary comes first
             return
         self._last_draw = now
+        self._due = now + self._every
         self._draw(current, target, unit, self._values.read())
 
     def _finish(self, done: Elapsed, logs: Any = None) -> None:
@@ -288,7 +311,7 @@ class ProgressBar(LoopElement):
             self._start(current)
         self._end_summarized = self._print_summaries(drain=True, end=current)
         self._seconds = run_seconds(done)
-        self._finished = True
+        self._finished = self._attend = True
         self._close(current, target, unit, self._values.read_final(logs))
         self.closed = True
 
@@ -312,6 +335,10 @@ class ProgressBar(LoopElement):
         self._summary_at: float | None = None  # where the last summary was
         self._last_draw = -math.inf
         self._every = self.interval
+        self._due = -math.inf  # `_last_draw + _every`: the next redraw's time
+        # the per-step call takes its long path (`_attend_to`): set when an
+        # epoch ends, a run starts or the bar finishes
+        self._attend = True
         self._open = False  # started, not closed yet
         self._finished = False  # reached `total`; later calls are ignored
         self._epoch_ended = False
@@ -358,11 +385,11 @@ class _EpochEnd:
         self.bar = bar
 
     def __loop_callback__(self, loop_state: LoopState) -> tuple[None, None]:
-        self.bar._epoch_ended = True
+        self.bar._epoch_ended = self.bar._attend = True
         return None, None
 
     def __call__(self, *args: Any) -> None:
-        self.bar._epoch_ended = True
+        self.bar._epoch_ended = self.bar._attend = True
 
     def __repr__(self) -> str:
         return f"{type(self.bar).__name__}.on_epoch_end"

@@ -9,6 +9,12 @@ brought its row to the host: a redraw or a few later, never waited for. When the
 bar closes, the current step's device values are read waiting for them
 (`History.wait_for`: one sync, at the end). Used by hand, a bar commits each
 call's logs to a History of its own, read the same way.
+
+Each step only hands the bar its logs (a loop's bar costs a few bytecodes a
+step between redraws). The names shown, first logged first, are noted when values
+are read: those of the history's columns (each column's first row is where its
+name was first logged; within one row, losses before metrics) and the current
+step's.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from ciclo.callbacks._rows import host_scalar
 
 __all__ = ["Shown", "number"]
 
-_SHOWN = frozenset(SHOWN_COLLECTIONS)
+# a shown collection -> its place in the order names are noted in
+_RANK = {collection: i for i, collection in enumerate(SHOWN_COLLECTIONS)}
 
 
 def number(value: Any) -> float | None:
@@ -49,16 +56,18 @@ class Shown:
     def __init__(self) -> None:
         self.history: History | None = None  # the stream read
         self._own: History | None = None  # by hand: the bar's own history
-        self._committed = False  # the current step is in `history` already
         self._names: dict[str, None] = {}  # first logged first
+        # the history whose names were last noted, and its column count then
+        self._learned_from: History | None = None
+        self._learned = 0
         self._live: Mapping[str, Mapping[str, Any]] | None = None  # this step's
         self._shown: dict[str, float] = {}
 
-    # -- each step (cheap: no conversion) -------------------------------------------
+    # -- each step (cheap: no conversion, no name noted) --------------------------
     def follow(self, history: History, logs: Any) -> None:
-        """In a loop: the loop's history, and the step's logs (not committed yet)."""
-        self.history, self._committed = history, False
-        self._note(logs)
+        """In a loop: the loop's history, and the step's logs (not committed yet).
+        The names they log are noted when the values are next read."""
+        self.history, self._live = history, logs
 
     def commit(self, elapsed: Any, logs: Any) -> None:
         """By hand: commits the step's logs to the bar's own history."""
@@ -66,16 +75,32 @@ class Shown:
         if own is None:
             own = self._own = History()
         own.commit(elapsed, logs if logs else {})
-        self.history, self._committed = own, True
-        self._note(logs)
+        self.history, self._live = own, logs
+
+    def _learn(self) -> None:
+        """Notes the names logged since the last read, first logged first: those
+        of the history's rows (a column's first row is where its name was first
+        logged) and those of the current step."""
+        history = self.history
+        if history is not None:
+            columns = history._columns
+            if history is not self._learned_from or len(columns) != self._learned:
+                self._learned_from, self._learned = history, len(columns)
+                names, new = self._names, []
+                for (collection, name), column in columns.items():
+                    if collection in _RANK and name not in names and len(column.rows):
+                        new.append((column.rows[0], _RANK[collection], name))
+                new.sort(key=lambda first: first[:2])  # stable: a row's own order
+                for _, _, name in new:
+                    names.setdefault(name, None)
+        logs = self._live
+        if logs:
+            self._note(logs)
 
     def _note(self, logs: Any) -> None:
-        self._live = logs
-        if not logs:
-            return
         known = self._names.keys()
         for collection, entries in logs.items():  # a set comparison per collection
-            if collection in _SHOWN and entries and not entries.keys() <= known:
+            if collection in _RANK and entries and not entries.keys() <= known:
                 self._note_new(logs)  # a name not seen yet: noted in order
                 return
 
@@ -92,7 +117,9 @@ class Shown:
         history = self.history
         if history is None:
             return 0
-        return len(history) if self._committed else len(history) + max(steps, 1)
+        if history is self._own:  # by hand: the current step is committed
+            return len(history)
+        return len(history) + max(steps, 1)
 
     # -- reading --------------------------------------------------------------------
     def read(self) -> dict[str, float]:
@@ -101,6 +128,7 @@ class Shown:
         if history is not None:
             history.poll()
             self._take(history.latest(SHOWN_COLLECTIONS))
+        self._learn()
         self._take(self._live_values(host=True))
         return self._ordered()
 
@@ -108,11 +136,13 @@ class Shown:
         """The newest values: those of `logs` (default: the current step's),
         waiting for the device (one sync, when the bar closes)."""
         if logs is not None:
-            self._note(logs)
+            self._live = logs
         history = self.history
         if history is not None:
             history.poll()
             self._take(history.latest(SHOWN_COLLECTIONS))
+        self._learn()
+        if history is not None:
             device = self._live_values(host=False)
             if device:
                 host = history.wait_for(list(device.values()))
@@ -133,12 +163,13 @@ class Shown:
 
     def names(self) -> KeysView[str]:
         """The names logged so far, the first logged first."""
+        self._learn()
         return self._names.keys()
 
     def clear(self) -> None:
         """Forgets everything (a new run)."""
-        self.history = self._own = self._live = None
-        self._committed = False
+        self.history = self._own = self._live = self._learned_from = None
+        self._learned = 0
         self._names.clear()
         self._shown.clear()
 
