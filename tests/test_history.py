@@ -366,9 +366,7 @@ def test_a_loops_rows_land_in_their_columns_whatever_each_step_logs():
         [0.0, 30.0, 60.0, 90.0, 120.0, 150.0, 180.0],
     )
     # a read at step s sees the rows of steps 0 .. s-1 (step s not committed yet)
-    assert seen == [
-        (list(range(s)), [float(b) for b in range(s)]) for s in (0, 7, 14)
-    ]
+    assert seen == [(list(range(s)), [float(b) for b in range(s)]) for s in (0, 7, 14)]
     assert history[5]["stateful_metrics"]["lr"] == 2.5
     assert "acc" not in history[4].get("metrics", {})
 
