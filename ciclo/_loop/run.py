@@ -86,7 +86,8 @@ class Run:
                 if ls.stop_iteration or ls.stopping:
                     return
             # `current.update(...)`, written out (the hot path)
-            if type(batch) is Steps:  # fused: counts as batch.n steps
+            fused = type(batch) is Steps
+            if fused:  # counts as batch.n steps
                 batch.rows = None
                 after = new_elapsed(
                     current.steps + batch.n,
@@ -144,7 +145,7 @@ class Run:
                 hold()
             try:
                 # the history's own commit, inside this block (`ls.logs` is a Logs)
-                if type(batch) is Steps and batch.rows is not None:
+                if fused and batch.rows is not None:
                     self.rows = history._rows  # len(history), without a call
                     if type(logs) is not Logs:  # a callback set `ls.logs` itself
                         history.commit_steps(current, batch, logs)
