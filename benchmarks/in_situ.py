@@ -1,7 +1,7 @@
 """ciclo's host work in situ against alone: instructions, cache misses and branch
 mispredictions per step, counted by valgrind (callgrind, main thread).
 
-    PYTHONPATH=. python benchmarks/in_situ.py [--steps 200 600] [--jobs 2]
+    PYTHONPATH=. python benchmarks/in_situ.py [--steps 200 600 [1000 ...]] [--jobs 2]
 
 `host_work.py` times ciclo's host work alone (a step that only logs precomputed
 device scalars); in `vs_raw.py` the same loop around a real jitted step costs
@@ -11,13 +11,21 @@ device scalars); in `vs_raw.py` the same loop around a real jitted step costs
 `--steps` N1 and N2 steps after the same warm-up, and the main thread's totals
 of the two runs are subtracted, so the start-up, the compilation and the
 warm-up cancel and what is left is per step, `(N2 − N1)` steps' worth. The
-warm-up runs 64 steps twice, then N1 and N2 steps, and compiles the history's
-stack for every size a read can take: what either run would compile once (the
-stack of a last transfer shorter than `lag`, of a bar's poll) is compiled
-before anything is counted. The objects alive after the warm-up are frozen
-(`gc.freeze()`) so that a full collection in one run and not the other does
-not count as steps' work; keep `N2 − N1` in the hundreds (a transfer every 64
-rows must repeat).
+warm-up runs 64 steps twice, then each measured length, and compiles the
+history's stack for every size a read can take: what either run would compile
+once (the stack of a last transfer shorter than `lag`, of a bar's poll) is
+compiled before anything is counted. The objects alive after the warm-up are
+frozen (`gc.freeze()`) so that a full collection of them in one run and not
+the other does not count as steps' work; keep `N2 − N1` in the hundreds (a
+transfer every 64 rows must repeat).
+
+Work still done once in one run and not the other (a full collection of the
+objects made since the warm-up, a compile inside jax) moves the figure by
+±10–15k instructions a step between runs of one tree (RESULTS.md,
+2026-11-28, 20:14). With three lengths or more (`--steps 200 600 1000`) each
+run is also compared with the next: the table's first figures span the
+shortest and the longest run, and a second table gives the instructions per
+step over each span, which disagree when one run did such work.
 
   raw           `vs_raw.py`'s raw loop (digits MLP, Adam, numpy batches)
   loop_rawstep  `ciclo.loop` around the same jitted raw step (`blocks.py`'s: a
@@ -42,6 +50,7 @@ import argparse
 import concurrent.futures
 import gc
 import glob
+import itertools
 import os
 import subprocess
 import sys
@@ -137,7 +146,7 @@ def main_thread_totals(path: str) -> dict[str, int]:
 
 
 def callgrind(
-    variant: str, steps: int, lengths: tuple[int, int], out: str
+    variant: str, steps: int, lengths: tuple[int, ...], out: str
 ) -> dict[str, int]:
     """Runs one variant under callgrind; the main thread's totals."""
     prefix = os.path.join(out, f"{variant}.{steps}")
@@ -163,23 +172,24 @@ def callgrind(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, nargs=2, default=(200, 600))
+    parser.add_argument("--steps", type=int, nargs="+", default=(200, 600))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="keep callgrind's files here")
-    parser.add_argument("--run", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         variant, steps, *lengths = args.run
         return run_variant(variant, int(steps), tuple(map(int, lengths)))
-    first, second = sorted(args.steps)
+    lengths = tuple(sorted(set(args.steps)))
+    if len(lengths) < 2:
+        parser.error(f"--steps needs two lengths or more, got {args.steps}")
+    first, second = lengths[0], lengths[-1]
     out = args.out or tempfile.mkdtemp(prefix="in_situ.")
     os.makedirs(out, exist_ok=True)
-    jobs = [(v, n) for v in args.variants for n in (first, second)]
+    jobs = [(v, n) for v in args.variants for n in lengths]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {
-            job: pool.submit(callgrind, *job, (first, second), out) for job in jobs
-        }
+        futures = {job: pool.submit(callgrind, *job, lengths, out) for job in jobs}
         totals = {job: future.result() for job, future in futures.items()}
     steps = second - first
     print(
@@ -197,6 +207,20 @@ def main() -> None:
             + " | ".join(f"{per_step[variant][e]:,.0f}" for e in EVENTS)
             + " |"
         )
+    if len(lengths) > 2:  # each span alone: a one-off in one run shows as a gap
+        spans = list(itertools.pairwise(lengths))
+        print(
+            "\n# instructions per step over each span: work done once in one "
+            "run (a compile, a full collection) makes the spans disagree\n"
+        )
+        print("| variant | " + " | ".join(f"{a}→{b}" for a, b in spans) + " |")
+        print("| --- |" + " ---: |" * len(spans))
+        for variant in args.variants:
+            cells = [
+                (totals[(variant, b)]["Ir"] - totals[(variant, a)]["Ir"]) / (b - a)
+                for a, b in spans
+            ]
+            print(f"| {variant} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
     pairs = [("loop_rawstep", "raw", "in situ"), ("host_loop", "host_raw", "alone")]
     pairs += [(v, "raw", "in situ") for v in ("loop", "train_loop")]
     shown = [(a, b, w) for a, b, w in pairs if a in per_step and b in per_step]
