@@ -79,27 +79,21 @@ class EpochEnd(Schedule):
         if after is self._for:  # decided for this batch already
             return self._ended
         self._for = after
-        if self._pass_only:
+        if self._pass_only:  # no duration, at most a stop in steps
             ended = after.steps >= self._stop_steps
-            if not (ended or loop_state.stopping or loop_state.stop_iteration):
-                item = loop_state.placed  # its pass end, when the stage knows it
-                if item is not None:
-                    ended = item.last_of_pass
-                    if ended is None:  # the stage reads on to learn it
-                        ended = last_of_pass(loop_state)
         else:
             ended = self.stop is not None and self.stop.reached(after)
             if self._fields:  # an `epoch_duration`: its counts moved on?
                 index = self._indices(after)
                 ended = ended or any(new > old for new, old in zip(index, self._index))
                 self._index = index
-            requested = loop_state.stopping or loop_state.stop_iteration
-            if not ended and not requested and self.passes:
-                item = loop_state.placed
-                if item is not None:
-                    ended = item.last_of_pass
-                    if ended is None:
-                        ended = last_of_pass(loop_state)
+        requested = loop_state.stopping or loop_state.stop_iteration
+        if self.passes and not (ended or requested):
+            item = loop_state.placed  # its pass end, when the stage knows it
+            if item is not None:
+                ended = item.last_of_pass
+                if ended is None:  # the stage reads on to learn it
+                    ended = last_of_pass(loop_state)
         self._ended = ended
         if ended:
             self.count += 1
