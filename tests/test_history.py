@@ -129,7 +129,10 @@ def test_getitem_and_iter_rebuild_logs():
     assert "elapsed.time" in history.keys() and "metrics.a" in history.keys()  # noqa: SIM118 (History.keys is a list)
 
 
-def test_device_values_are_fetched_lagged_in_batches(monkeypatch):
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "stacked"])
+def test_device_values_are_fetched_lagged_in_batches(monkeypatch, in_place):
+    if not in_place:  # an accelerator's path: the scalars stacked on the device
+        monkeypatch.setattr(transfer, "_on_one_cpu", lambda first, last: False)
     started, read = [], []
     start, result = transfer.start, transfer.Transfer.result
 
@@ -145,6 +148,11 @@ def test_device_values_are_fetched_lagged_in_batches(monkeypatch):
     stacked_result = transfer.Stacked.result
     monkeypatch.setattr(
         transfer.Stacked, "result", lambda self: read.append(1) or stacked_result(self)
+    )
+    # and on a CPU device, read where they are (`transfer.InPlace`)
+    in_place_result = transfer.InPlace.result
+    monkeypatch.setattr(
+        transfer.InPlace, "result", lambda self: read.append(1) or in_place_result(self)
     )
     history = ciclo.history(lag=10)
     _commit_steps(history, [_logs(metrics={"v": jnp.float32(i)}) for i in range(45)])

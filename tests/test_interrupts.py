@@ -69,6 +69,10 @@ WATCHED = {
         _transfer.Stacked.__init__,
         _transfer.Stacked.ready,
         _transfer.Stacked.result,
+        _transfer.InPlace.__init__,
+        _transfer.InPlace.ready,
+        _transfer.InPlace.result,
+        _transfer._on_one_cpu,
         _interrupts.Scope.hold,
         _interrupts.Scope.release,
         _shapes.signature,
@@ -169,10 +173,16 @@ def _rows(history):
 
 
 @pytest.mark.parametrize(
-    "value", [int, lambda b: jnp.float32(b)], ids=["python", "device"]
+    "value",
+    [int, lambda b: jnp.float32(b), "stacked"],
+    ids=["python", "device", "device_stacked"],
 )
 @pytest.mark.slow
 def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
+    stacked = value == "stacked"
+    if stacked:  # an accelerator's path: the scalars stacked on the device
+        monkeypatch.setattr(_transfer, "_on_one_cpu", lambda first, last: False)
+        value = lambda b: jnp.float32(b)
     ready = _transfer.Transfer.ready
 
     def computed(transfer):  # every run takes the same path: transfers are computed
@@ -186,8 +196,15 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
         transfer._stacked.block_until_ready()
         return stacked_ready(transfer)
 
+    in_place_ready = _transfer.InPlace.ready
+
+    def in_place_computed(transfer):  # and for the CPU's read in place
+        transfer._values[-1].block_until_ready()
+        return in_place_ready(transfer)
+
     monkeypatch.setattr(_transfer.Transfer, "ready", computed)
     monkeypatch.setattr(_transfer.Stacked, "ready", stacked_computed)
+    monkeypatch.setattr(_transfer.InPlace, "ready", in_place_computed)
     _run(value, None)  # a first transfer finds jax's array type: a line more
     _, reference, _, trace = _run(value, None)
     total = trace.lines
@@ -229,8 +246,9 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
         "Logs.merge",
         "batch_size",
     } <= points
-    if value is not int:  # device scalars of one dtype: the one-stack path
-        assert {"start", "_scalars", "Stacked.result", "Column.extend"} <= points
+    if value is not int:  # device scalars of one dtype: read in place on a CPU
+        read = "Stacked.result" if stacked else "InPlace.result"
+        assert {"start", "_scalars", read, "Column.extend"} <= points
     # written out in `Run.batches` (every line of it is watched): the next
     # batch's clock and the commit's deferral (the scope's hold and release)
     source, first = inspect.getsourcelines(Run.batches)
