@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,11 @@ from ciclo._loop.state import Apply, LoopState, hand_over
 from ciclo._shapes import ShapeWatch
 from ciclo._short import short
 from ciclo._strategies.base import Collectives, Strategy
+from ciclo._strategies.jit import Jit
 from ciclo._strategies.registry import get_strategy, strategy_of
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
+from ciclo.managed._flat import NotFlat, flat_step
 from ciclo.managed._fused_steps import at_step, check_fused, fold
 from ciclo.managed._placement import (
     as_logs,
@@ -39,6 +42,7 @@ from ciclo.managed._placement import (
     unpack,
     unpacking,
 )
+from ciclo.managed._state import ManagedState
 from ciclo.managed._step_logs import (
     accumulate,
     batch_weight,
@@ -109,6 +113,11 @@ class ManagedStep(LoopElement):
         self.fused_logs = fused_logs
         self._arity = n
         self._compiled: dict[Strategy, Callable[..., Any]] = {}
+        # the function each compiled step compiles, and per strategy its flat
+        # form for a `ManagedState` (`_flat`): (the static fields it was built
+        # for, the compiled call), or None when the step's output is not flat
+        self._steps: dict[Strategy, Callable[..., Any]] = {}
+        self._flats: dict[Strategy, tuple[tuple[Any, ...], Any] | None] = {}
         self._fused: dict[tuple[Strategy, str, bool], Callable[..., Any]] = {}
         self._in_flight: collections.deque[jax.Array] = collections.deque()
         # the strategy of the last unfused call, its compiled step and whether it
@@ -165,12 +174,17 @@ class ManagedStep(LoopElement):
             return None
         general, call = self.__loop_callback__, self._call
         new_logs = Logs.__new__
+        new = object.__new__
         two = self._arity == 2  # (state, batch): no `elapsed` goes to the call
         simple = None  # the `last` whose call `run` makes itself: see below
         plain = None  # the last `last` whose call goes through `_call`
+        # `simple`'s flat call (`ciclo.managed._flat`) and the static fields of
+        # the states it takes (`tx`, `apply_fn`, `param_specs`), or None; the
+        # state its last call made (whose static fields are those)
+        flat, static, rebuilt = None, None, None
 
         def run(ls: LoopState) -> None:
-            nonlocal simple, plain
+            nonlocal simple, plain, flat, static, rebuilt
             if watch is not None:
                 batch, shapes = ls._shapes  # read by `Run` for this batch
                 if shapes is not watch.last or batch is not ls.batch:  # else seen
@@ -202,14 +216,44 @@ class ManagedStep(LoopElement):
                     ls.logs = logs  # made for the loop alone (`Apply.fresh`)
                     ls.state = state
                     return
-                simple = last
+                simple, rebuilt = last, None
+                flat, static = self._flat(strategy, state)
             strategy, compiled, as_is = last
             placed = ls.placed  # `placed_for(ls.placed, strategy)`, written out
             if placed is not None and placed.strategy is strategy:
                 batch = placed.placed  # read ahead and placed by the loop
             elif not as_is:
                 batch = strategy.place_batch(batch)
-            logs, state = compiled(state, batch, None)
+            if state is rebuilt or (
+                flat is not None
+                and type(state) is ManagedState
+                and (fields := state.__dict__)["tx"] is static[0]
+                and fields["apply_fn"] is static[1]
+                and fields["param_specs"] is static[2]
+            ):  # its data fields in and out (`_flat`), the state rebuilt here
+                fields = state.__dict__
+                try:
+                    logs, step, params, opt_state = flat(
+                        fields["step"],
+                        fields["params"],
+                        fields["opt_state"],
+                        batch,
+                        None,
+                    )
+                except NotFlat:  # (raised while traced: nothing ran)
+                    self._flats[strategy] = flat = rebuilt = None
+                    logs, state = compiled(state, batch, None)
+                else:
+                    state = rebuilt = new(ManagedState)
+                    out = state.__dict__
+                    out.update(fields)
+                    out["step"], out["params"], out["opt_state"] = (
+                        step,
+                        params,
+                        opt_state,
+                    )
+            else:
+                logs, state = compiled(state, batch, None)
             if type(logs) is not dict:  # not plain dicts (`plain_logs`)
                 apply((logs, state), ls)
                 return
@@ -223,6 +267,31 @@ class ManagedStep(LoopElement):
             ls.state = state
 
         return run
+
+    def _flat(
+        self, strategy: Strategy, state: Any
+    ) -> tuple[Callable[..., Any] | None, tuple[Any, ...] | None]:
+        """The flat call of this step under `strategy` (`ciclo.managed._flat`)
+        for states with `state`'s static fields, and those fields; `(None, None)`
+        when there is none: a strategy other than `jit`'s own kind (whose `wrap`
+        is not a plain `jax.jit`), a state that is not a `ManagedState`, or a
+        step whose output is not flat."""
+        step = self._steps.get(strategy)
+        if step is None or type(strategy) is not Jit or type(state) is not ManagedState:
+            return None, None
+        fields = state.__dict__
+        static = (fields["tx"], fields["apply_fn"], fields["param_specs"])
+        if strategy in self._flats:
+            known = self._flats[strategy]
+            if known is None:  # its output is not flat
+                return None, None
+            if all(map(operator.is_, known[0], static)):
+                return known[1], known[0]
+        compiled = flat_step(step, state, donate=strategy.donate and self.grad)
+        if compiled is None:
+            return None, None
+        self._flats[strategy] = (static, compiled)
+        return compiled, static
 
     def _run(
         self, state: Any, batch: Any, elapsed: Any, ahead: Item | None
@@ -254,6 +323,7 @@ class ManagedStep(LoopElement):
             step = unpacking(self._build(strategy))
             if compiles(strategy):  # its logs come back as plain dicts
                 step = plain_logs(step)
+            self._steps[strategy] = step
             compiled = self._compiled[strategy] = strategy.wrap(
                 step, donate=strategy.donate and self.grad
             )
@@ -287,7 +357,27 @@ class ManagedStep(LoopElement):
             elapsed = None
         elif type(elapsed) is Elapsed and compiles(strategy):
             elapsed = pack(elapsed)
-        logs, state = compiled(state, batch, elapsed)
+        flat, _ = self._flat(strategy, state)
+        if flat is None:
+            logs, state = compiled(state, batch, elapsed)
+        else:  # its data fields in and out (`_flat`), the state rebuilt here
+            fields = state.__dict__
+            try:
+                logs, *data = flat(
+                    fields["step"],
+                    fields["params"],
+                    fields["opt_state"],
+                    batch,
+                    elapsed,
+                )
+            except NotFlat:  # (raised while traced: nothing ran)
+                self._flats[strategy] = None
+                logs, state = compiled(state, batch, elapsed)
+            else:
+                state = object.__new__(ManagedState)
+                out = state.__dict__
+                out.update(fields)
+                out["step"], out["params"], out["opt_state"] = data
         if type(logs) is dict:
             logs = self._made = as_logs(logs)
         if strategy.max_in_flight is not None:

@@ -277,9 +277,25 @@ def _init(
     fields["param_specs"] = param_specs
 
 
-if tuple(f.name for f in dataclasses.fields(ManagedState)) == _FIELDS and not hasattr(
-    ManagedState, "__post_init__"
-):
+# the fields jax flattens (the rest are static): `ciclo.managed._flat` passes
+# these to a compiled step as separate arguments
+_DATA = tuple(
+    f.name
+    for f in dataclasses.fields(ManagedState)
+    if f.metadata.get("pytree_node", True)
+)
+_PLAIN = tuple(
+    f.name for f in dataclasses.fields(ManagedState)
+) == _FIELDS and not hasattr(ManagedState, "__post_init__")
+
+
+def flat_fields() -> bool:
+    """Whether `ManagedState`'s fields are `_FIELDS`, its data fields `step`,
+    `params` and `opt_state` (this Flax's `TrainState`'s, plus ciclo's)."""
+    return _PLAIN and _DATA == ("step", "params", "opt_state")
+
+
+if _PLAIN:
     _init.__qualname__ = "ManagedState.__init__"
     _init.__doc__ = ManagedState.__init__.__doc__
     ManagedState.__init__ = _init  # type: ignore[method-assign]

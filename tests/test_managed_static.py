@@ -1,0 +1,133 @@
+"""A managed step follows the state it is given: its optimizer, its apply
+function and its class, whichever call made the state (API.md §7: the state
+carries `tx`, `apply_fn` and the strategy; a step returns the new state)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import struct
+
+import ciclo
+from ciclo import managed
+
+
+def _loss(state, batch):
+    x, y = batch
+    pred = x @ state.params["w"]
+    return ciclo.logs().add_loss("loss", jnp.mean((pred - y) ** 2))
+
+
+def _batches(n=6):
+    rng = np.random.default_rng(0)
+    return [
+        (rng.normal(size=(4, 3)).astype(np.float32), np.ones(4, np.float32))
+        for _ in range(n)
+    ]
+
+
+def _state(tx, strategy="jit"):
+    return managed.ManagedState.create(
+        params={"w": jnp.ones(3, jnp.float32)}, tx=tx, strategy=strategy
+    )
+
+
+@pytest.mark.parametrize("strategy", ["jit", "jit_donate"])
+def test_a_new_optimizer_between_loops_is_used(strategy):
+    step = managed.train_step(_loss)
+    state, _, _ = ciclo.loop(
+        _state(optax.sgd(0.1), strategy), _batches(3), {ciclo.every(1): step}
+    )
+    moved = np.asarray(state.params["w"])
+    assert not np.allclose(moved, 1.0)
+    frozen = optax.sgd(0.0)  # the same step, a state whose optimizer does not move
+    state = state.replace(tx=frozen, opt_state=frozen.init(state.params))
+    state, history, _ = ciclo.loop(state, _batches(3), {ciclo.every(1): step})
+    assert state.tx is frozen
+    np.testing.assert_array_equal(np.asarray(state.params["w"]), moved)
+    assert len(history.collect("loss")) == 3
+
+
+def test_an_optimizer_swapped_inside_the_loop_is_used_from_the_next_step():
+    step = managed.train_step(_loss)
+    frozen = optax.sgd(0.0)
+    seen = []
+
+    def swap(state, batch):
+        seen.append(np.asarray(state.params["w"]))
+        if len(seen) == 2:  # after the second step: an optimizer that does not move
+            return None, state.replace(tx=frozen, opt_state=frozen.init(state.params))
+        return None, state
+
+    state, _, elapsed = ciclo.loop(
+        _state(optax.sgd(0.1)), _batches(6), {ciclo.every(1): [step, swap]}
+    )
+    assert elapsed.steps == 6 and state.tx is frozen
+    assert not np.allclose(seen[0], seen[1])  # it trained before the swap
+    for later in seen[2:]:  # and not after
+        np.testing.assert_array_equal(later, seen[1])
+    np.testing.assert_array_equal(np.asarray(state.params["w"]), seen[1])
+
+
+def test_a_step_that_returns_a_state_with_other_static_fields():
+    frozen = optax.sgd(0.0)
+
+    def fit(state, batch):
+        logs = _loss(state, batch)
+        return logs, state.replace(tx=frozen)  # inside the compiled step
+
+    step = managed.step(fit)
+    state, history, _ = ciclo.loop(
+        _state(optax.sgd(0.1)), _batches(3), {ciclo.every(1): step}
+    )
+    assert state.tx is frozen and int(state.step) == 0
+    assert len(history.collect("loss")) == 3
+
+
+@struct.dataclass
+class _Counted(managed.ManagedState):
+    """A state with a field of its own (API.md §7: subclasses are states too)."""
+
+    seen: jax.Array = 0
+
+
+def test_a_subclass_with_a_field_of_its_own_keeps_it():
+    def fit(state, batch):
+        logs = _loss(state, batch)
+        return logs, state.replace(seen=state.seen + 1)
+
+    step = managed.train_step(fit)
+    start = _Counted.create(
+        params={"w": jnp.ones(3, jnp.float32)}, tx=optax.sgd(0.1), seen=jnp.int32(0)
+    )
+    state, history, _ = ciclo.loop(start, _batches(4), {ciclo.every(1): step})
+    assert type(state) is _Counted
+    assert int(state.seen) == 4 and int(state.step) == 4
+    assert not np.allclose(np.asarray(state.params["w"]), 1.0)
+    assert len(history.collect("loss")) == 4
+
+
+@pytest.mark.parametrize("strategy", ["jit", "jit_donate", "eager"])
+def test_loop_and_calls_by_hand_train_alike(strategy):
+    step, tx = managed.train_step(_loss), optax.adam(0.05)
+    batches = _batches(5)
+    state, history, _ = ciclo.loop(
+        _state(tx, strategy), batches, {ciclo.every(1): step}
+    )
+    by_hand = _state(tx, strategy)
+    losses = []
+    for batch in batches:
+        logs, by_hand = step(by_hand, batch)
+        losses.append(float(logs.losses.loss))
+    assert type(state) is type(by_hand) is managed.ManagedState
+    assert int(state.step) == int(by_hand.step) == 5
+    np.testing.assert_allclose(
+        np.asarray(state.params["w"]), np.asarray(by_hand.params["w"]), rtol=1e-6
+    )
+    np.testing.assert_allclose(history.collect("loss"), losses, rtol=1e-6)
+    # the state keeps its fields, in their order
+    assert list(vars(state)) == list(vars(by_hand))
+    assert jax.tree.structure(state) == jax.tree.structure(by_hand)
