@@ -25,11 +25,11 @@ from typing import Any
 
 import jax
 
-from ciclo.managed._state import ManagedState, flat_fields
+from ciclo.managed._state import DATA, ManagedState, flat_fields
 
-__all__ = ["DATA", "NotFlat", "flat_step"]
+__all__ = ["NotFlat", "flat_step", "rebuild"]
 
-DATA = ("step", "params", "opt_state")  # the pytree data fields, in order
+_new = object.__new__
 
 
 class NotFlat(Exception):
@@ -49,14 +49,9 @@ def flat_step(
     # the fields in their order, the data ones filled per call (not kept here)
     template = {k: (None if k in DATA else v) for k, v in state.__dict__.items()}
     static = [(k, v) for k, v in template.items() if k not in DATA]
-    new = object.__new__
 
     def run(step_, params, opt_state, batch, elapsed):
-        inner = new(ManagedState)
-        fields = inner.__dict__
-        fields.update(template)
-        fields["step"], fields["params"], fields["opt_state"] = step_, params, opt_state
-        logs, out = step(inner, batch, elapsed)
+        logs, out = step(rebuild(template, step_, params, opt_state), batch, elapsed)
         if type(out) is not ManagedState or any(
             getattr(out, k, None) is not v for k, v in static
         ):
@@ -64,3 +59,13 @@ def flat_step(
         return logs, out.step, out.params, out.opt_state
 
     return jax.jit(run, donate_argnums=(0, 1, 2) if donate else ())
+
+
+def rebuild(fields: dict[str, Any], step: Any, params: Any, opt_state: Any) -> Any:
+    """A `ManagedState` with `fields` (another state's, in their order) and these
+    data fields, without `__init__` (the loop's runner writes this out)."""
+    state = _new(ManagedState)
+    out = state.__dict__
+    out.update(fields)
+    out["step"], out["params"], out["opt_state"] = step, params, opt_state
+    return state

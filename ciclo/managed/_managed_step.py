@@ -32,7 +32,7 @@ from ciclo._strategies.jit import Jit
 from ciclo._strategies.registry import get_strategy, strategy_of
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
-from ciclo.managed._flat import NotFlat, flat_step
+from ciclo.managed._flat import NotFlat, flat_step, rebuild
 from ciclo.managed._fused_steps import at_step, check_fused, fold
 from ciclo.managed._placement import (
     as_logs,
@@ -243,7 +243,7 @@ class ManagedStep(LoopElement):
                 except NotFlat:  # (raised while traced: nothing ran)
                     self._flats[strategy] = flat = rebuilt = None
                     logs, state = compiled(state, batch, None)
-                else:
+                else:  # `rebuild(...)`, written out
                     state = rebuilt = new(ManagedState)
                     out = state.__dict__
                     out.update(fields)
@@ -363,7 +363,7 @@ class ManagedStep(LoopElement):
         else:  # its data fields in and out (`_flat`), the state rebuilt here
             fields = state.__dict__
             try:
-                logs, *data = flat(
+                logs, step, params, opt_state = flat(
                     fields["step"],
                     fields["params"],
                     fields["opt_state"],
@@ -374,10 +374,7 @@ class ManagedStep(LoopElement):
                 self._flats[strategy] = None
                 logs, state = compiled(state, batch, elapsed)
             else:
-                state = object.__new__(ManagedState)
-                out = state.__dict__
-                out.update(fields)
-                out["step"], out["params"], out["opt_state"] = data
+                state = rebuild(fields, step, params, opt_state)
         if type(logs) is dict:
             logs = self._made = as_logs(logs)
         if strategy.max_in_flight is not None:

@@ -279,6 +279,7 @@ def _init(
 
 # the fields jax flattens (the rest are static): `ciclo.managed._flat` passes
 # these to a compiled step as separate arguments
+DATA = ("step", "params", "opt_state")
 _DATA = tuple(
     f.name
     for f in dataclasses.fields(ManagedState)
@@ -292,7 +293,7 @@ _PLAIN = tuple(
 def flat_fields() -> bool:
     """Whether `ManagedState`'s fields are `_FIELDS`, its data fields `step`,
     `params` and `opt_state` (this Flax's `TrainState`'s, plus ciclo's)."""
-    return _PLAIN and _DATA == ("step", "params", "opt_state")
+    return _PLAIN and _DATA == DATA
 
 
 if _PLAIN:
