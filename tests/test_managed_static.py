@@ -131,3 +131,25 @@ def test_loop_and_calls_by_hand_train_alike(strategy):
     # the state keeps its fields, in their order
     assert list(vars(state)) == list(vars(by_hand))
     assert jax.tree.structure(state) == jax.tree.structure(by_hand)
+
+
+@pytest.mark.parametrize("strategy", ["jit", "jit_donate"])
+def test_alternating_optimizers_compile_once_each(strategy):
+    """A run that switches between two optimizers (e.g. two phases repeated)
+    traces the step once per optimizer, not at every switch."""
+    traces = []
+
+    def counted(state, batch):
+        traces.append(1)  # runs while the step is traced
+        return _loss(state, batch)
+
+    step = managed.train_step(counted)
+    fast, slow = optax.sgd(0.1), optax.sgd(0.01)
+    state = _state(fast, strategy)
+    for tx in (fast, slow, fast, slow, fast):
+        state = state.replace(tx=tx, opt_state=tx.init(state.params))
+        state, history, _ = ciclo.loop(state, _batches(2), {ciclo.every(1): step})
+        assert state.tx is tx
+        assert len(history.collect("loss")) == 2
+        _, state = step(state, _batches(1)[0])  # and by hand
+    assert len(traces) == 2

@@ -56,6 +56,8 @@ __all__ = ["GradsFn", "ManagedStep", "UserStep"]
 UserStep = Callable[..., Any]
 GradsFn = Callable[..., Any]
 
+_FLATS_KEPT = 8  # flat calls kept per strategy (`ManagedStep._flat`)
+
 
 class ManagedStep(LoopElement):
     """A step run under the state's strategy; build it with `train_step` or `step`.
@@ -114,10 +116,11 @@ class ManagedStep(LoopElement):
         self._arity = n
         self._compiled: dict[Strategy, Callable[..., Any]] = {}
         # the function each compiled step compiles, and per strategy its flat
-        # form for a `ManagedState` (`_flat`): (the static fields it was built
-        # for, the compiled call), or None when the step's output is not flat
+        # forms for a `ManagedState` (`_flat`): (the static fields each was
+        # built for, its compiled call), the latest first, or None when the
+        # step's output is not flat
         self._steps: dict[Strategy, Callable[..., Any]] = {}
-        self._flats: dict[Strategy, tuple[tuple[Any, ...], Any] | None] = {}
+        self._flats: dict[Strategy, list[tuple[tuple[Any, ...], Any]] | None] = {}
         self._fused: dict[tuple[Strategy, str, bool], Callable[..., Any]] = {}
         self._in_flight: collections.deque[jax.Array] = collections.deque()
         # the strategy of the last unfused call, its compiled step and whether it
@@ -178,13 +181,14 @@ class ManagedStep(LoopElement):
         two = self._arity == 2  # (state, batch): no `elapsed` goes to the call
         simple = None  # the `last` whose call `run` makes itself: see below
         plain = None  # the last `last` whose call goes through `_call`
-        # `simple`'s flat call (`ciclo.managed._flat`) and the static fields of
-        # the states it takes (`tx`, `apply_fn`, `param_specs`), or None; the
-        # state its last call made (whose static fields are those)
-        flat, static, rebuilt = None, None, None
+        # whether `simple`'s strategy has flat calls (`ciclo.managed._flat`),
+        # the last one and the static fields of the states it takes (`tx`,
+        # `apply_fn`, `param_specs`), or None; the state its last call made
+        # (whose static fields are those)
+        flattable, flat, static, rebuilt = False, None, None, None
 
         def run(ls: LoopState) -> None:
-            nonlocal simple, plain, flat, static, rebuilt
+            nonlocal simple, plain, flattable, flat, static, rebuilt
             if watch is not None:
                 batch, shapes = ls._shapes  # read by `Run` for this batch
                 if shapes is not watch.last or batch is not ls.batch:  # else seen
@@ -217,6 +221,7 @@ class ManagedStep(LoopElement):
                     ls.state = state
                     return
                 simple, rebuilt = last, None
+                flattable = type(strategy) is Jit  # (`_flat`)
                 flat, static = self._flat(strategy, state)
             strategy, compiled, as_is = last
             placed = ls.placed  # `placed_for(ls.placed, strategy)`, written out
@@ -224,13 +229,21 @@ class ManagedStep(LoopElement):
                 batch = placed.placed  # read ahead and placed by the loop
             elif not as_is:
                 batch = strategy.place_batch(batch)
-            if state is rebuilt or (
-                flat is not None
-                and type(state) is ManagedState
-                and (fields := state.__dict__)["tx"] is static[0]
-                and fields["apply_fn"] is static[1]
-                and fields["param_specs"] is static[2]
-            ):  # its data fields in and out (`_flat`), the state rebuilt here
+            if state is rebuilt:  # made by the last call: the same static fields
+                use_flat = True
+            elif flattable and type(state) is ManagedState:
+                fields = state.__dict__
+                if (
+                    flat is None
+                    or fields["tx"] is not static[0]
+                    or fields["apply_fn"] is not static[1]
+                    or fields["param_specs"] is not static[2]
+                ):  # other static fields (a new optimizer): their flat call
+                    flat, static = self._flat(strategy, state)
+                use_flat = flat is not None
+            else:
+                use_flat = False
+            if use_flat:  # its data fields in and out (`_flat`), the state rebuilt here
                 fields = state.__dict__
                 try:
                     logs, step, params, opt_state = flat(
@@ -242,6 +255,7 @@ class ManagedStep(LoopElement):
                     )
                 except NotFlat:  # (raised while traced: nothing ran)
                     self._flats[strategy] = flat = rebuilt = None
+                    flattable = False
                     logs, state = compiled(state, batch, None)
                 else:  # `rebuild(...)`, written out
                     state = rebuilt = new(ManagedState)
@@ -281,16 +295,21 @@ class ManagedStep(LoopElement):
             return None, None
         fields = state.__dict__
         static = (fields["tx"], fields["apply_fn"], fields["param_specs"])
-        if strategy in self._flats:
-            known = self._flats[strategy]
-            if known is None:  # its output is not flat
-                return None, None
-            if all(map(operator.is_, known[0], static)):
-                return known[1], known[0]
+        known = self._flats.setdefault(strategy, [])
+        if known is None:  # its output is not flat
+            return None, None
+        for i, (built_for, compiled) in enumerate(known):
+            if all(map(operator.is_, built_for, static)):
+                if i:  # the latest first: found first next time
+                    known.insert(0, known.pop(i))
+                return compiled, built_for
         compiled = flat_step(step, state, donate=strategy.donate and self.grad)
         if compiled is None:
             return None, None
-        self._flats[strategy] = (static, compiled)
+        # one per set of static fields seen lately (a run that alternates
+        # optimizers compiles each once), as the state-in call's own cache
+        known.insert(0, (static, compiled))
+        del known[_FLATS_KEPT:]
         return compiled, static
 
     def _run(
