@@ -1,31 +1,33 @@
 """ciclo's host work in situ against alone: instructions, cache misses and branch
 mispredictions per step, counted by valgrind (callgrind, main thread).
 
-    PYTHONPATH=. python benchmarks/in_situ.py [--steps 200 600 [1000 ...]] [--jobs 2]
+    PYTHONPATH=. python benchmarks/in_situ.py [--steps 200 600] [--repeat 3] [--jobs 2]
 
 `host_work.py` times ciclo's host work alone (a step that only logs precomputed
 device scalars); in `vs_raw.py` the same loop around a real jitted step costs
 1.5–3× as much over the raw loop. On a shared 2-core VM timings cannot say why
-(their spread is wider than the effect). Counts can: each variant runs under
-`valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes` twice, with
-`--steps` N1 and N2 steps after the same warm-up, and the main thread's totals
-of the two runs are subtracted, so the start-up, the compilation and the
-warm-up cancel and what is left is per step, `(N2 − N1)` steps' worth. The
-warm-up runs 64 steps twice, then each measured length, and compiles the
-history's stack for every size a read can take: what either run would compile
-once (the stack of a last transfer shorter than `lag`, of a bar's poll) is
-compiled before anything is counted. The objects alive after the warm-up are
-frozen (`gc.freeze()`) so that a full collection of them in one run and not
-the other does not count as steps' work; keep `N2 − N1` in the hundreds (a
-transfer every 64 rows must repeat).
+(their spread is wider than the effect). Counts can. Each variant runs in one
+process under `valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes`:
+warmed up, then runs of each `--steps` length, `--repeat` times over, each run
+between two markers (`os.getppid()` zeroes callgrind's counters, `os.getpgrp()`
+dumps them: `--zero-before`, `--dump-before`). A run's count holds the steps
+and the run's own start and end (making the state, the loop's set-up, the last
+read of the history); the difference between a long run and a short one is
+`(long − short)` steps' worth, so per step = that difference / `(long −
+short)`, once per repetition. The warm-up runs 64 steps twice, then each
+measured length, and compiles the history's stack for every size a read can
+take: what a run would compile once (the stack of a last transfer shorter
+than `lag`, of a bar's poll) is compiled before anything is counted. The
+objects alive after the warm-up are frozen (`gc.freeze()`) so that a full
+collection of them does not count as a run's work; keep `long − short` in the
+hundreds (a transfer every 64 rows must repeat).
 
-Work still done once in one run and not the other (a full collection of the
-objects made since the warm-up, a compile inside jax) moves the figure by
-±10–15k instructions a step between runs of one tree (RESULTS.md,
-2026-11-28, 20:14). With three lengths or more (`--steps 200 600 1000`) each
-run is also compared with the next: the table's first figures span the
-shortest and the longest run, and a second table gives the instructions per
-step over each span, which disagree when one run did such work.
+Work done once in one run and not in its pair (a collection of the objects
+made since the warm-up, a compile inside jax) still lands in one figure: the
+repetitions show it. The table gives the median per step and, per variant, the
+range over the repetitions; a figure that stands apart from the others is such
+a one-off. (Before 2026-11-29 each length ran in a process of its own; runs of
+one tree then moved by ±10–15k instructions a step: RESULTS.md, 2026-11-28.)
 
   raw           `vs_raw.py`'s raw loop (digits MLP, Adam, numpy batches)
   loop_rawstep  `ciclo.loop` around the same jitted raw step (`blocks.py`'s: a
@@ -40,7 +42,7 @@ step over each span, which disagree when one run did such work.
 `loop_rawstep − raw` against `host_loop − host_raw` is ciclo's loop in situ
 against alone. Cache and branch figures are valgrind's models of a generic
 CPU (first-level caches, a simple predictor), not the machine's counters: they
-compare variants, they do not time them. Each run takes minutes (the
+compare variants, they do not time them. A variant takes minutes (the
 simulation is ~100× slower than the program); two run at once with `--jobs 2`.
 """
 
@@ -52,6 +54,7 @@ import gc
 import glob
 import itertools
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,8 +64,9 @@ VARIANTS = ("raw", "loop_rawstep", "loop", "train_loop", "host_raw", "host_loop"
 EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "Bc", "Bcm", "Bi", "Bim")
 
 
-def run_variant(variant: str, steps: int, lengths: tuple[int, ...]) -> None:
-    """The measured program: warms `variant` up, then runs it for `steps` steps."""
+def run_variant(variant: str, lengths: tuple[int, ...], repeat: int) -> None:
+    """The measured program: warms `variant` up, then runs it for each of
+    `lengths` steps, `repeat` times over, each run between the markers."""
     sys.path.insert(0, HERE)
     import blocks
     import host_work
@@ -127,110 +131,152 @@ def run_variant(variant: str, steps: int, lengths: tuple[int, ...]) -> None:
     # in one run and not the other would read as tens of thousands per step
     gc.collect()
     gc.freeze()
-    at[0] = 0
-    run(steps)
+    for _ in range(repeat):
+        for n in lengths:
+            at[0] = 0
+            os.getppid()  # callgrind zeroes its counters (`--zero-before`)
+            run(n)
+            os.getpgrp()  # and dumps them (`--dump-before`)
 
 
 def main_thread_totals(path: str) -> dict[str, int]:
-    """The event totals of a callgrind output file."""
+    """The event counts of a callgrind dump: its `summary:` line (the counters
+    since they were zeroed; the `totals:` line, the sum of the cost lines, can
+    also hold costs of calls entered before the zero)."""
     events, totals = None, None
     with open(path) as file:
         for line in file:
             if line.startswith("events:"):
                 events = line.split()[1:]
-            elif line.startswith(("summary:", "totals:")):
+            elif line.startswith("summary:"):
                 totals = [int(v) for v in line.split()[1:]]
+                break
     if events is None or totals is None:
-        raise ValueError(f"{path}: no event totals (callgrind did not finish?)")
+        raise ValueError(f"{path}: no summary (callgrind did not finish?)")
     return dict(zip(events, totals))
 
 
 def callgrind(
-    variant: str, steps: int, lengths: tuple[int, ...], out: str
-) -> dict[str, int]:
-    """Runs one variant under callgrind; the main thread's totals."""
-    prefix = os.path.join(out, f"{variant}.{steps}")
+    variant: str, lengths: tuple[int, ...], repeat: int, out: str
+) -> list[dict[str, int]]:
+    """Runs one variant under callgrind; the main thread's totals of each run, in
+    the order they ran (`lengths`, `repeat` times over)."""
+    prefix = os.path.join(out, variant)
     command = [
         "valgrind",
         "--tool=callgrind",
         "--separate-threads=yes",
         "--cache-sim=yes",
         "--branch-sim=yes",
+        "--zero-before=getppid",
+        "--dump-before=getpgrp",
         f"--callgrind-out-file={prefix}.%p",
         sys.executable,
         os.path.abspath(__file__),
         "--run",
         variant,
-        str(steps),
+        str(repeat),
         *map(str, lengths),
     ]
     with open(prefix + ".log", "w") as log:
         subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
-    (main,) = glob.glob(prefix + ".*-01")  # thread 1: the main thread
-    return main_thread_totals(main)
+    # a dump per run, thread 1 (the main thread): `<prefix>.<pid>.<dump>-01`
+    dumps = sorted(
+        glob.glob(prefix + ".*.*-01"), key=lambda p: int(p.rsplit(".", 1)[1][:-3])
+    )
+    if len(dumps) != repeat * len(lengths):
+        raise RuntimeError(
+            f"{variant}: {len(dumps)} dumps for {repeat * len(lengths)} runs "
+            f"(did something else call getppid/getpgrp?); see {prefix}.log"
+        )
+    return [main_thread_totals(path) for path in dumps]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, nargs="+", default=(200, 600))
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="keep callgrind's files here")
     parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        variant, steps, *lengths = args.run
-        return run_variant(variant, int(steps), tuple(map(int, lengths)))
+        variant, repeat, *lengths = args.run
+        return run_variant(variant, tuple(map(int, lengths)), int(repeat))
     lengths = tuple(sorted(set(args.steps)))
-    if len(lengths) < 2:
+    if len(lengths) < 2 or args.repeat < 1:
         parser.error(f"--steps needs two lengths or more, got {args.steps}")
     first, second = lengths[0], lengths[-1]
     out = args.out or tempfile.mkdtemp(prefix="in_situ.")
     os.makedirs(out, exist_ok=True)
-    jobs = [(v, n) for v in args.variants for n in lengths]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {job: pool.submit(callgrind, *job, lengths, out) for job in jobs}
-        totals = {job: future.result() for job, future in futures.items()}
-    steps = second - first
+        futures = {
+            v: pool.submit(callgrind, v, lengths, args.repeat, out)
+            for v in args.variants
+        }
+        runs = {v: future.result() for v, future in futures.items()}
+
+    def per_step(variant: str, a: int, b: int) -> list[dict[str, float]]:
+        """Per step over the span a→b, once per repetition."""
+        n = len(lengths)
+        ia, ib = lengths.index(a), lengths.index(b)
+        return [
+            {
+                e: (
+                    runs[variant][r * n + ib].get(e, 0)
+                    - runs[variant][r * n + ia].get(e, 0)
+                )
+                / (b - a)
+                for e in EVENTS
+            }
+            for r in range(args.repeat)
+        ]
+
     print(
-        f"# main thread, per step: (totals at {second} steps − at {first}) / "
-        f"{steps}; callgrind's files in {out}\n"
+        f"# main thread, per step: (a run of {second} steps − one of {first}) / "
+        f"{second - first}, the median of {args.repeat} repetitions in one "
+        f"process; callgrind's files in {out}\n"
     )
-    print("| variant | " + " | ".join(EVENTS) + " |")
-    print("| --- |" + " ---: |" * len(EVENTS))
-    per_step = {}
+    print("| variant | " + " | ".join(EVENTS) + " | Ir range |")
+    print("| --- |" + " ---: |" * (len(EVENTS) + 1))
+    median = {}
     for variant in args.variants:
-        a, b = totals[(variant, first)], totals[(variant, second)]
-        per_step[variant] = {e: (b.get(e, 0) - a.get(e, 0)) / steps for e in EVENTS}
+        reps = per_step(variant, first, second)
+        median[variant] = {e: statistics.median(r[e] for r in reps) for e in EVENTS}
+        irs = [r["Ir"] for r in reps]
         print(
             f"| {variant} | "
-            + " | ".join(f"{per_step[variant][e]:,.0f}" for e in EVENTS)
-            + " |"
+            + " | ".join(f"{median[variant][e]:,.0f}" for e in EVENTS)
+            + f" | {min(irs):,.0f}–{max(irs):,.0f} |"
         )
-    if len(lengths) > 2:  # each span alone: a one-off in one run shows as a gap
-        spans = list(itertools.pairwise(lengths))
-        print(
-            "\n# instructions per step over each span: work done once in one "
-            "run (a compile, a full collection) makes the spans disagree\n"
-        )
-        print("| variant | " + " | ".join(f"{a}→{b}" for a, b in spans) + " |")
-        print("| --- |" + " ---: |" * len(spans))
-        for variant in args.variants:
-            cells = [
-                (totals[(variant, b)]["Ir"] - totals[(variant, a)]["Ir"]) / (b - a)
-                for a, b in spans
-            ]
-            print(f"| {variant} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+    print("\n# instructions per step, each repetition and span\n")
+    spans = list(itertools.combinations(lengths, 2)) if len(lengths) > 2 else []
+    spans = [(first, second)] + [sp for sp in spans if sp != (first, second)]
+    print(
+        "| variant | span | "
+        + " | ".join(f"rep {r + 1}" for r in range(args.repeat))
+        + " |"
+    )
+    print("| --- | --- |" + " ---: |" * args.repeat)
+    for variant in args.variants:
+        for a, b in spans:
+            cells = [r["Ir"] for r in per_step(variant, a, b)]
+            print(
+                f"| {variant} | {a}→{b} | "
+                + " | ".join(f"{c:,.0f}" for c in cells)
+                + " |"
+            )
     pairs = [("loop_rawstep", "raw", "in situ"), ("host_loop", "host_raw", "alone")]
     pairs += [(v, "raw", "in situ") for v in ("loop", "train_loop")]
-    shown = [(a, b, w) for a, b, w in pairs if a in per_step and b in per_step]
+    shown = [(a, b, w) for a, b, w in pairs if a in median and b in median]
     if shown:
-        print("\n| ciclo's part | " + " | ".join(EVENTS) + " |")
+        print("\n| ciclo's part (medians) | " + " | ".join(EVENTS) + " |")
         print("| --- |" + " ---: |" * len(EVENTS))
         for a, b, where in shown:
             print(
                 f"| {a} − {b} ({where}) | "
-                + " | ".join(f"{per_step[a][e] - per_step[b][e]:+,.0f}" for e in EVENTS)
+                + " | ".join(f"{median[a][e] - median[b][e]:+,.0f}" for e in EVENTS)
                 + " |"
             )
 
