@@ -73,7 +73,7 @@ class Item:
     The loop takes it apart: callbacks get `batch`; `loop_state.placed` holds
     the item, where the batch's managed step finds its placed copy (so the copy
     travels with its batch: nothing is looked up by identity) and the epoch-end
-    schedule its pass end (`ciclo._loop.state.last_of_pass`).
+    schedule its pass end (`ciclo._schedules.epoch.EpochEnd`).
 
     Attributes:
         batch: the batch (a `Steps` for a fused call).

@@ -22,9 +22,9 @@ one way:
 
 Whether an item ends its pass (`Item.last_of_pass`) is known when it is handed
 out if it was read ahead; otherwise the stage reads the next item of the pass
-the first time it is asked (`Inputs.last_of_pass`, through
-`ciclo._loop.state.last_of_pass`: the epoch-end schedule asks it when neither
-its duration nor `stop` decides) and hands that item out next. Only consumed
+the first time it is asked (`Inputs.last_of_pass`: the epoch-end schedule,
+`ciclo._schedules.epoch.EpochEnd`, asks it when neither its duration nor
+`stop` decides) and hands that item out next. Only consumed
 batches count: the position a checkpoint saves (`get_state`) is after the last
 item handed out, and `close` puts a checkpointable iterator back after the last
 batch trained. Everything runs in the caller's thread: a dataset's exception is

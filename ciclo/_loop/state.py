@@ -29,7 +29,6 @@ __all__ = [
     "committed",
     "interrupted",
     "kept_states",
-    "last_of_pass",
     "read_from",
 ]
 
@@ -168,20 +167,6 @@ def read_from(ls: LoopState, data: Any) -> None:
     """Makes `ls.data_state()` read the position of `data`, the input stage the
     loop's batches come from (`ciclo._input.stage.Inputs`)."""
     ls._data = data
-
-
-def last_of_pass(ls: LoopState) -> bool:
-    """Whether the current batch is the last of its pass (the epoch end of
-    `train_loop` without an `epoch_duration`), as the input stage says: when it
-    does not know yet, it reads the next batch of the pass, once, now. Callbacks
-    then get the batch as the stage kept it (its own copy, so that reading on
-    did not change it)."""
-    item = ls.placed
-    if item is None:
-        return False
-    ended = ls._data.last_of_pass(item)
-    ls.batch = item.batch
-    return ended
 
 
 def after_commit(ls: LoopState | Any, action: Callable[..., None]) -> bool:

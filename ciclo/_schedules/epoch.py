@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ciclo._loop.state import last_of_pass
 from ciclo._period import Period, as_period
 from ciclo._schedules.base import Schedule
 from ciclo._short import short
@@ -20,7 +19,7 @@ class EpochEnd(Schedule):
 
     A batch ends an epoch when its `elapsed_after` crosses a multiple of `duration`
     (int steps or a `Period` of steps, samples, time) in any field, reaches `stop`,
-    or, with `passes`, is the last of its pass (`last_of_pass`: the input stage
+    or, with `passes`, is the last of its pass (`Inputs.last_of_pass`: the input stage
     says it, reading the next batch of the pass when it does not know yet; asked
     only when neither holds and no stop was requested, so no batch is read ahead
     for nothing; the schedule never touches the data). `start` is where
@@ -87,13 +86,19 @@ class EpochEnd(Schedule):
                 index = self._indices(after)
                 ended = ended or any(new > old for new, old in zip(index, self._index))
                 self._index = index
-        requested = loop_state.stopping or loop_state.stop_iteration
-        if self.passes and not (ended or requested):
+        if (
+            self.passes
+            and not ended
+            and not (loop_state.stopping or loop_state.stop_iteration)
+        ):  # no stop requested: the pass end decides
             item = loop_state.placed  # its pass end, when the stage knows it
             if item is not None:
                 ended = item.last_of_pass
-                if ended is None:  # the stage reads on to learn it
-                    ended = last_of_pass(loop_state)
+                if ended is None:  # the input stage reads on to learn it
+                    ended = loop_state._data.last_of_pass(item)
+                    # callbacks then get the batch as the stage kept it (its
+                    # own copy, so that reading on did not change it)
+                    loop_state.batch = item.batch
         self._ended = ended
         if ended:
             self.count += 1
