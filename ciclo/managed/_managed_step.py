@@ -295,7 +295,7 @@ class ManagedStep(LoopElement):
             return None, None
         fields = state.__dict__
         static = (fields["tx"], fields["apply_fn"], fields["param_specs"])
-        known = self._flats.setdefault(strategy, [])
+        known = self._flats.get(strategy, ())
         if known is None:  # its output is not flat
             return None, None
         for i, (built_for, compiled) in enumerate(known):
@@ -308,8 +308,8 @@ class ManagedStep(LoopElement):
             return None, None
         # one per set of static fields seen lately (a run that alternates
         # optimizers compiles each once), as the state-in call's own cache
-        known.insert(0, (static, compiled))
-        del known[_FLATS_KEPT:]
+        kept = self._flats[strategy] = [(static, compiled), *known]
+        del kept[_FLATS_KEPT:]
         return compiled, static
 
     def _run(
