@@ -240,7 +240,10 @@ class ManagedStep(LoopElement):
                     or fields["param_specs"] is not static[2]
                 ):  # other static fields (a new optimizer): their flat call
                     flat, static = self._flat(strategy, state)
-                use_flat = flat is not None
+                    # None: this step has none under this strategy (its output
+                    # is not flat), for any state: not asked again each step
+                    flattable = flat is not None
+                use_flat = flattable
             else:
                 use_flat = False
             if use_flat:  # its data fields in and out (`_flat`), the state rebuilt here
