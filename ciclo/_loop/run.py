@@ -73,6 +73,9 @@ class Run:
         # a batch's size is read from its leaf shapes: computed again only when
         # they change (a user's `batch_size_fn` is called for every batch)
         shapes, size = None, 0
+        # `current`'s counts and start, kept here: the loop's `Elapsed`s are
+        # built from them (a local costs less to read than an instance's field)
+        steps, samples, start = current.steps, current.samples, current.date_start
         if stop is not None and stop.reached(current):
             iterator = iter(())
         elif watch is not None and watch(current.steps):  # SIGTERM while resuming
@@ -89,12 +92,9 @@ class Run:
             fused = type(batch) is Steps
             if fused:  # counts as batch.n steps
                 batch.rows = None
-                after = new_elapsed(
-                    current.steps + batch.n,
-                    current.samples + batch.samples,
-                    now(),
-                    current.date_start,
-                )
+                steps_after = steps + batch.n
+                samples_after = samples + batch.samples
+                after = new_elapsed(steps_after, samples_after, now(), start)
             else:
                 if size_fn is None:
                     seen = shapes_of(batch)
@@ -108,9 +108,8 @@ class Run:
                 # `new_elapsed(...)`, written out (a frame less per batch)
                 after = new(Elapsed)
                 fields = after.__dict__
-                start = current.date_start
-                fields["steps"] = current.steps + 1
-                fields["samples"] = current.samples + size
+                fields["steps"] = steps_after = steps + 1
+                fields["samples"] = samples_after = samples + size
                 fields["date"] = date = now()
                 fields["date_start"] = start
                 fields["time"] = date - start
@@ -177,7 +176,7 @@ class Run:
             if (
                 watch is not None
                 and (asked is None or asked.preempted or asked.sync is not None)
-                and watch(after.steps)
+                and watch(steps_after)
             ):  # SIGTERM: stop here
                 self.preempted = True
                 break
@@ -190,8 +189,9 @@ class Run:
             # `after.update_time()`, written out: the next batch starts now
             # (published once whole: Ctrl-C meanwhile leaves `after`)
             starts = new(Elapsed)
-            fields, date, start = starts.__dict__, now(), after.date_start
-            fields["steps"], fields["samples"] = after.steps, after.samples
+            fields, date = starts.__dict__, now()
+            fields["steps"] = steps = steps_after
+            fields["samples"] = samples = samples_after
             fields["date"], fields["date_start"] = date, start
             fields["time"] = date - start
             current = self.current = starts

@@ -61,7 +61,7 @@ class EpochEnd(Schedule):
         self._pass_only = (
             passes and not self._fields and stop_fields.keys() <= {"steps"}
         )
-        self._stop_steps = stop_fields.get("steps", math.inf)
+        self._stop_steps = stop_fields.get("steps")  # None: no stop in steps
         self._index, self._for, self._ended = self._indices(start), None, False
         self.count = max(self._index, default=count_from)
 
@@ -79,7 +79,8 @@ class EpochEnd(Schedule):
             return self._ended
         self._for = after
         if self._pass_only:  # no duration, at most a stop in steps
-            ended = after.steps >= self._stop_steps
+            stop_steps = self._stop_steps
+            ended = stop_steps is not None and after.steps >= stop_steps
         else:
             ended = self.stop is not None and self.stop.reached(after)
             if self._fields:  # an `epoch_duration`: its counts moved on?
