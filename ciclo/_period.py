@@ -120,6 +120,23 @@ class Period:
         """
         return any_field(elapsed, self, operator.ge)
 
+    def _reached_at(self, counts: tuple[int, int, float, float]) -> bool:
+        """`reached` for an `Elapsed` given as its fields `(steps, samples, date,
+        date_start)` (the loop's `elapsed_after`, not built unless read)."""
+        steps, samples, date, start = counts
+        for name, value in self._given:
+            if name == "steps":
+                reached = steps >= value
+            elif name == "samples":
+                reached = samples >= value
+            elif name == "time":
+                reached = date - start >= value
+            else:
+                reached = date >= value
+            if reached:
+                return True
+        return False
+
 
 def check_amount(function: str, unit: str, value: Any, *, positive: bool) -> Any:
     """Validates an amount of `unit` given to `function`; returns it normalised.

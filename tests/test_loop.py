@@ -495,3 +495,29 @@ def test_accumulated_logs_of_steps_logging_the_same_entries_are_the_newest():
 
     ciclo.loop(None, range(700), {ciclo.every(1): step, last_of_each_300: read})
     assert seen == [(298, 596.0, 299), (598, 1196.0, 599)]
+
+
+def test_elapsed_after_counts_the_batch_and_the_next_elapsed_follows():
+    seen = []
+
+    def record(state, batch, elapsed, loop_state):
+        after = loop_state.elapsed_after
+        assert loop_state.elapsed_after is after  # one object per batch
+        assert loop_state.elapsed is elapsed
+        seen.append((elapsed, after))
+
+    batches = [np.zeros((4, 2)), np.zeros((4, 2)), np.zeros((3, 2))]
+    _, history, elapsed = ciclo.loop(
+        None, batches, {ciclo.every(1): record}, stop=ciclo.at(samples=8)
+    )
+    assert [(e.steps, e.samples, a.steps, a.samples) for e, a in seen] == [
+        (0, 0, 1, 4),
+        (1, 4, 2, 8),
+    ]
+    for e, a in seen:  # both counted on one clock, the batch's after it started
+        assert e.date <= a.date and a.time == pytest.approx(a.date - a.date_start)
+    (_, first_after), (second, _) = seen
+    assert second.steps == first_after.steps and second.date >= first_after.date
+    # the loop stopped at `elapsed_after` reaching 8 samples, and returns that count
+    assert (elapsed.steps, elapsed.samples) == (2, 8)
+    assert elapsed.date >= seen[-1][1].date

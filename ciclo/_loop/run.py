@@ -1,8 +1,10 @@
 """`Run`: the per-batch timeline of one `loop` call, and what Ctrl-C must undo.
 
-For each batch it computes `elapsed` (before the batch) and `elapsed_after`
-(counting it) once, runs the firing schedules' callbacks, commits the step's logs,
-and decides whether to stop.
+For each batch it counts the batch (`elapsed_after`'s fields; the `Elapsed`
+itself is built at its first read, `LoopState.elapsed_after`), runs the firing
+schedules' callbacks, commits the step's logs with `elapsed` (before the batch),
+builds the next batch's `elapsed` in the same held block, and decides whether to
+stop (`stop` against `elapsed_after`'s fields, as the epoch end reads them).
 
 Fused execution has one hook here: a batch that is a `ciclo.Steps` (`n` batches
 stacked, built by `ciclo.fuse` when `steps_per_call > 1`) counts as `n` steps and
@@ -94,7 +96,6 @@ class Run:
                 batch.rows = None
                 steps_after = steps + batch.n
                 samples_after = samples + batch.samples
-                after = new_elapsed(steps_after, samples_after, now(), start)
             else:
                 if size_fn is None:
                     seen = shapes_of(batch)
@@ -105,15 +106,11 @@ class Run:
                     ls._shapes = (batch, shapes)
                 else:
                     size = batch_size(batch, size_fn)
-                # `new_elapsed(...)`, written out (a frame less per batch)
-                after = new(Elapsed)
-                fields = after.__dict__
-                fields["steps"] = steps_after = steps + 1
-                fields["samples"] = samples_after = samples + size
-                fields["date"] = date = now()
-                fields["date_start"] = start
-                fields["time"] = date - start
-            ls.elapsed_after = after
+                steps_after, samples_after = steps + 1, samples + size
+            # `elapsed_after`'s fields: it is built at its first read (most
+            # batches nothing reads it)
+            counts = (steps_after, samples_after, now(), start)
+            ls._after, ls._after_counts = None, counts
             self.state, self.rows, self.done = ls.state, None, False
             self.in_batch = True
             for schedule, reads_loop_state, runners in plan:
@@ -161,7 +158,15 @@ class Run:
                     unmerged.append(logs)
                     if len(unmerged) > 256:
                         committed(ls)
-                current = self.current = after
+                # the next batch's `elapsed`, counting this batch (published
+                # once whole: Ctrl-C is held here); `new_elapsed(...)` written out
+                current = new(Elapsed)
+                fields, date = current.__dict__, now()
+                fields["steps"] = steps = steps_after
+                fields["samples"] = samples = samples_after
+                fields["date"], fields["date_start"] = date, start
+                fields["time"] = date - start
+                self.current = current
                 self.in_batch = False
             finally:
                 if scope is not None:  # `release()`, written out
@@ -173,6 +178,8 @@ class Run:
                     release()
             if ls._after_commit:
                 self.after_commit()
+                # the next batch starts after the saves
+                current = self.current = new_elapsed(steps, samples, now(), start)
             if (
                 watch is not None
                 and (asked is None or asked.preempted or asked.sync is not None)
@@ -183,18 +190,9 @@ class Run:
             if (
                 ls.stop_iteration
                 or ls.stopping
-                or (stop is not None and stop.reached(after))
+                or (stop is not None and stop._reached_at(counts))
             ):
                 break
-            # `after.update_time()`, written out: the next batch starts now
-            # (published once whole: Ctrl-C meanwhile leaves `after`)
-            starts = new(Elapsed)
-            fields, date = starts.__dict__, now()
-            fields["steps"] = steps = steps_after
-            fields["samples"] = samples = samples_after
-            fields["date"], fields["date_start"] = date, start
-            fields["time"] = date - start
-            current = self.current = starts
         if not self.started:  # no batch at all: on_start still runs once
             ls.batch = None
             self._on_start()

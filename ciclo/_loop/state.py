@@ -19,7 +19,7 @@ from ciclo._history.history import History
 from ciclo._input.batch import Item
 from ciclo._logs import Logs, _new_logs, same_entries
 from ciclo._loop.callback import describe, split_output
-from ciclo._time import Elapsed
+from ciclo._time import Elapsed, new_elapsed
 from ciclo._warn import warn
 
 __all__ = [
@@ -65,7 +65,9 @@ class LoopState:
     """
 
     __slots__ = (
+        "_after",
         "_after_commit",
+        "_after_counts",
         "_borrowed",
         "_committed",
         "_data",
@@ -77,7 +79,6 @@ class LoopState:
         "_unmerged",
         "batch",
         "elapsed",
-        "elapsed_after",
         "error",
         "history",
         "logs",
@@ -91,7 +92,6 @@ class LoopState:
     state: Any
     batch: Any
     elapsed: Elapsed
-    elapsed_after: Elapsed
     history: History
     logs: Logs
     metadata: Any
@@ -107,6 +107,10 @@ class LoopState:
     _nan_guard: Any
     _interrupted: bool
     _shapes: tuple[Any, Any]  # (the batch, its leaf shapes), set by `Run`
+    # `elapsed_after`, or None while it is not built: then `_after_counts`
+    # (steps, samples, date, date_start) are its fields (set by `Run`)
+    _after: Elapsed | None
+    _after_counts: tuple[int, int, float, float] | None
 
     def __init__(
         self,
@@ -119,7 +123,8 @@ class LoopState:
         metadata: Any,
     ) -> None:
         self.state, self.batch = state, batch
-        self.elapsed, self.elapsed_after = elapsed, elapsed_after
+        self.elapsed, self._after = elapsed, elapsed_after
+        self._after_counts = None
         self.history, self.logs, self.metadata = history, logs, metadata
         self._committed = Logs()
         self._unmerged = []  # committed steps' logs not merged into it yet
@@ -137,6 +142,20 @@ class LoopState:
         # the batch's `ciclo._input.batch.Item` from the input stage: a managed
         # step takes its placed copy (if any) instead of placing the batch again
         self.placed = None
+
+    @property
+    def elapsed_after(self) -> Elapsed:
+        """The `Elapsed` counting the current batch; the loop builds it at the
+        first read in a batch (most batches nothing reads it)."""
+        after = self._after
+        if after is None:
+            steps, samples, date, start = self._after_counts
+            after = self._after = new_elapsed(steps, samples, date, start)
+        return after
+
+    @elapsed_after.setter
+    def elapsed_after(self, value: Elapsed) -> None:
+        self._after = value
 
     @property
     def accumulated_logs(self) -> Logs:

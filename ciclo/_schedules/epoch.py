@@ -74,14 +74,19 @@ class EpochEnd(Schedule):
         return tuple(math.floor(getattr(elapsed, f) / n) for f, n in self._fields)
 
     def __call__(self, loop_state: LoopState) -> bool:
-        after = loop_state.elapsed_after
-        if after is self._for:  # decided for this batch already
+        # the batch's `elapsed`: one object per batch (`elapsed_after` is
+        # built only when read)
+        before = loop_state.elapsed
+        if before is self._for:  # decided for this batch already
             return self._ended
-        self._for = after
+        self._for = before
         if self._pass_only:  # no duration, at most a stop in steps
             stop_steps = self._stop_steps
-            ended = stop_steps is not None and after.steps >= stop_steps
+            ended = (
+                stop_steps is not None and loop_state.elapsed_after.steps >= stop_steps
+            )
         else:
+            after = loop_state.elapsed_after
             ended = self.stop is not None and self.stop.reached(after)
             if self._fields:  # an `epoch_duration`: its counts moved on?
                 index = self._indices(after)
