@@ -521,3 +521,28 @@ def test_elapsed_after_counts_the_batch_and_the_next_elapsed_follows():
     # the loop stopped at `elapsed_after` reaching 8 samples, and returns that count
     assert (elapsed.steps, elapsed.samples) == (2, 8)
     assert elapsed.date >= seen[-1][1].date
+
+
+def test_history_rows_hold_the_elapsed_callbacks_saw():
+    seen = []
+
+    def step(state, batch, elapsed):
+        seen.append(elapsed)
+        return ciclo.logs().add_metric("x", 1.0), state
+
+    def quiet(state, batch):  # reads no elapsed: the loop need not build it
+        return ciclo.logs().add_metric("y", 2.0), state
+
+    batches = [np.zeros((2, 1))] * 5
+    _, history, _ = ciclo.loop(
+        None, batches, {ciclo.every(2): step, ciclo.every(1): quiet}
+    )
+    steps, samples, time, date = history.collect(
+        "elapsed.steps", "elapsed.samples", "elapsed.time", "elapsed.date"
+    )
+    assert list(steps) == [0, 1, 2, 3, 4] and list(samples) == [0, 2, 4, 6, 8]
+    assert [e.steps for e in seen] == [0, 2, 4]
+    for e in seen:  # the very values the callback got
+        i = e.steps
+        assert (samples[i], time[i], date[i]) == (e.samples, e.time, e.date)
+    assert np.all(np.diff(date) >= 0)

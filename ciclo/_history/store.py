@@ -55,9 +55,8 @@ _TIMES = operator.attrgetter(*_ELAPSED_FIELDS)
 
 def _times(staged: list[tuple[Any, Logs]]) -> list[array.array]:
     """The staged rows' `elapsed` fields as four arrays (steps, samples, time,
-    date), built whole before any column changes. Each row's `elapsed` is read
-    once, in one C-level pass (by now it is out of the CPU's caches)."""
-    fields = list(zip(*map(_TIMES, map(_ELAPSED_OF, staged)))) or [()] * 4
+    date), built whole before any column changes, in one C-level pass."""
+    fields = list(zip(*map(_ELAPSED_OF, staged))) or [()] * 4
     out = []
     for values, typecode in zip(fields, "qqdd"):
         try:  # the loop's own: Python numbers, converted in C
@@ -154,13 +153,18 @@ class HistoryStore:
             self._settle()  # the caller may change `logs` after
 
     def _append(self, elapsed: Elapsed, logs: Logs) -> None:
-        """Commits one row: staged as it is (a few bytecodes a step), put in its
-        columns with the other staged rows by `_settle`. `logs` is not changed
-        after (the loop's are each batch's own; `commit` settles at once)."""
+        """Commits one row at `elapsed` (`_append_row`)."""
+        self._append_row(_TIMES(elapsed), logs)
+
+    def _append_row(self, at: tuple[int, int, float, float], logs: Logs) -> None:
+        """Commits one row at `at`, `elapsed`'s `(steps, samples, time, date)`:
+        staged as it is (a few bytecodes a step), put in its columns with the
+        other staged rows by `_settle`. `logs` is not changed after (the loop's
+        are each batch's own; `commit` settles at once)."""
         declared = logs._aggregations
         if declared:
             self._declared.update(declared)
-        self._staged.append((elapsed, logs))
+        self._staged.append((at, logs))
         self._rows = row = self._rows + 1
         if row >= self._due:
             self._advance()

@@ -23,7 +23,7 @@ from ciclo._input.batch import Steps, batch_size
 from ciclo._interrupts import DEFERRED, Scope, held
 from ciclo._logs import Logs
 from ciclo._loop.runners import ScheduleBlame, fired
-from ciclo._loop.state import committed
+from ciclo._loop.state import _ROW, committed
 from ciclo._shapes import signature as shapes_of
 from ciclo._time import Elapsed, new_elapsed
 
@@ -36,7 +36,9 @@ class Run:
     def __init__(self, ls, plan, start, stop, batch_size_fn):
         self.ls, self.plan, self.start = ls, plan, start
         self.stop, self.batch_size_fn = stop, batch_size_fn
-        self.current = ls.elapsed  # counts every batch whose tasks completed
+        # `current`: counts every batch whose tasks completed; None while it is
+        # not built (then `_row` and `_start` are its fields, as `LoopState`'s)
+        self._current, self._row, self._start = ls.elapsed, None, 0.0
         self.started = False
         self.in_batch = False
         self.done = False  # the batch's tasks all ran
@@ -51,6 +53,19 @@ class Run:
         self.watch = None
         self.preempted = False  # stopped for a preemption
 
+    @property
+    def current(self) -> Elapsed:
+        """The `Elapsed` counting every batch whose tasks completed."""
+        current = self._current
+        if current is None:
+            steps, samples, _, date = self._row
+            current = self._current = new_elapsed(steps, samples, date, self._start)
+        return current
+
+    @current.setter
+    def current(self, value: Elapsed) -> None:
+        self._current = value
+
     def _on_start(self) -> None:
         self.started = True
         for callback in self.start:
@@ -62,7 +77,6 @@ class Run:
         size_fn = self.batch_size_fn
         current = self.current
         new_logs = Logs.__new__  # an empty Logs, without a Python __init__ call
-        new = object.__new__  # an `Elapsed`, as `new_elapsed` makes it
         now = _time._time.time  # ciclo's clock (`Elapsed.update`'s)
         watch = self.watch
         # SIGTERM's scope, read before asking it (a call) whether to stop
@@ -76,8 +90,11 @@ class Run:
         # they change (a user's `batch_size_fn` is called for every batch)
         shapes, size = None, 0
         # `current`'s counts and start, kept here: the loop's `Elapsed`s are
-        # built from them (a local costs less to read than an instance's field)
+        # built from them, when read (`LoopState.elapsed`, `.elapsed_after`)
         steps, samples, start = current.steps, current.samples, current.date_start
+        self._start = ls._start = start
+        # the batch's `elapsed` (None: not built yet) and its History row
+        built, row = current, _ROW(current)
         if stop is not None and stop.reached(current):
             iterator = iter(())
         elif watch is not None and watch(current.steps):  # SIGTERM while resuming
@@ -85,7 +102,8 @@ class Run:
         for item in iterator:  # `Item`s of the input stage (`ciclo._input.stage`)
             batch = item.batch
             ls.placed = item  # its placed copy, its pass end: they ride along
-            ls.batch, ls.elapsed, ls.logs = batch, current, new_logs(Logs)
+            ls.batch, ls.logs = batch, new_logs(Logs)
+            ls._elapsed, ls._row = built, row  # `ls.elapsed`, built when read
             if not self.started:  # with the first batch, before its tasks
                 self._on_start()
                 if ls.stop_iteration or ls.stopping:
@@ -116,7 +134,7 @@ class Run:
             for schedule, reads_loop_state, runners in plan:
                 if schedule is not None:  # else due at every batch (`make_plan`)
                     try:
-                        due = schedule(ls if reads_loop_state else current)
+                        due = schedule(ls if reads_loop_state else ls.elapsed)
                         if due is not True and due is not False:
                             due = fired(due, schedule)
                     except Exception:
@@ -144,29 +162,25 @@ class Run:
                 if fused and batch.rows is not None:
                     self.rows = history._rows  # len(history), without a call
                     if type(logs) is not Logs:  # a callback set `ls.logs` itself
-                        history.commit_steps(current, batch, logs)
+                        history.commit_steps(ls.elapsed, batch, logs)
                     elif batch.n > 0:
-                        history._append_steps(current, batch, logs)
+                        history._append_steps(ls.elapsed, batch, logs)
                 elif logs:
                     self.rows = history._rows  # len(history), without a call
                     if type(logs) is Logs:
-                        history._append(current, logs)
+                        history._append_row(row, logs)
                     else:  # a callback set `ls.logs` itself
-                        history.commit(current, logs)
+                        history.commit(ls.elapsed, logs)
                 if self.rows is not None:  # committed: `accumulated_logs` has it
                     unmerged = self.unmerged
                     unmerged.append(logs)
                     if len(unmerged) > 256:
                         committed(ls)
-                # the next batch's `elapsed`, counting this batch (published
-                # once whole: Ctrl-C is held here); `new_elapsed(...)` written out
-                current = new(Elapsed)
-                fields, date = current.__dict__, now()
-                fields["steps"] = steps = steps_after
-                fields["samples"] = samples = samples_after
-                fields["date"], fields["date_start"] = date, start
-                fields["time"] = date - start
-                self.current = current
+                # the next batch's `elapsed`, counting this batch, as its row
+                # (published once whole: Ctrl-C is held here)
+                steps, samples, date = steps_after, samples_after, now()
+                built, row = None, (steps, samples, date - start, date)
+                self._current, self._row = None, row
                 self.in_batch = False
             finally:
                 if scope is not None:  # `release()`, written out
@@ -179,7 +193,9 @@ class Run:
             if ls._after_commit:
                 self.after_commit()
                 # the next batch starts after the saves
-                current = self.current = new_elapsed(steps, samples, now(), start)
+                date = now()
+                row = (steps, samples, date - start, date)
+                self._current, self._row = None, row
             if (
                 watch is not None
                 and (asked is None or asked.preempted or asked.sync is not None)

@@ -22,6 +22,9 @@ from ciclo._loop.callback import describe, split_output
 from ciclo._time import Elapsed, new_elapsed
 from ciclo._warn import warn
 
+# an `Elapsed`'s fields as the History stores them (`LoopState._row`)
+_ROW = operator.attrgetter("steps", "samples", "time", "date")
+
 __all__ = [
     "Apply",
     "LoopState",
@@ -71,14 +74,16 @@ class LoopState:
         "_borrowed",
         "_committed",
         "_data",
+        "_elapsed",
         "_fresh",
         "_interrupted",
         "_nan_guard",
+        "_row",
         "_shapes",
+        "_start",
         "_table",
         "_unmerged",
         "batch",
-        "elapsed",
         "error",
         "history",
         "logs",
@@ -91,7 +96,6 @@ class LoopState:
 
     state: Any
     batch: Any
-    elapsed: Elapsed
     history: History
     logs: Logs
     metadata: Any
@@ -107,6 +111,12 @@ class LoopState:
     _nan_guard: Any
     _interrupted: bool
     _shapes: tuple[Any, Any]  # (the batch, its leaf shapes), set by `Run`
+    # `elapsed`, or None while it is not built (set by `Run`): then `_row`
+    # (steps, samples, time, date, the History's) and `_start` are its fields;
+    # `_row` is `elapsed`'s in any case
+    _elapsed: Elapsed | None
+    _row: tuple[int, int, float, float]
+    _start: float
     # `elapsed_after`, or None while it is not built: then `_after_counts`
     # (steps, samples, date, date_start) are its fields (set by `Run`)
     _after: Elapsed | None
@@ -124,6 +134,7 @@ class LoopState:
     ) -> None:
         self.state, self.batch = state, batch
         self.elapsed, self._after = elapsed, elapsed_after
+        self._start = 0.0
         self._after_counts = None
         self.history, self.logs, self.metadata = history, logs, metadata
         self._committed = Logs()
@@ -142,6 +153,20 @@ class LoopState:
         # the batch's `ciclo._input.batch.Item` from the input stage: a managed
         # step takes its placed copy (if any) instead of placing the batch again
         self.placed = None
+
+    @property
+    def elapsed(self) -> Elapsed:
+        """The `Elapsed` before the current batch; the loop builds it at the
+        first read in a batch (most batches nothing reads it)."""
+        elapsed = self._elapsed
+        if elapsed is None:
+            steps, samples, _, date = self._row
+            elapsed = self._elapsed = new_elapsed(steps, samples, date, self._start)
+        return elapsed
+
+    @elapsed.setter
+    def elapsed(self, value: Elapsed) -> None:
+        self._elapsed, self._row = value, _ROW(value)
 
     @property
     def elapsed_after(self) -> Elapsed:

@@ -74,12 +74,12 @@ class EpochEnd(Schedule):
         return tuple(math.floor(getattr(elapsed, f) / n) for f, n in self._fields)
 
     def __call__(self, loop_state: LoopState) -> bool:
-        # the batch's `elapsed`: one object per batch (`elapsed_after` is
-        # built only when read)
-        before = loop_state.elapsed
-        if before is self._for:  # decided for this batch already
+        # the batch's count (one object per batch, set by the loop's `Run`;
+        # `elapsed_after` itself is built only when read)
+        batch = loop_state._after_counts
+        if batch is self._for:  # decided for this batch already
             return self._ended
-        self._for = before
+        self._for = batch
         if self._pass_only:  # no duration, at most a stop in steps
             stop_steps = self._stop_steps
             ended = (

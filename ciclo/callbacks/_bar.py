@@ -151,10 +151,8 @@ class ProgressBar(LoopElement):
         if self._attend:  # an epoch ended, summaries wait, the run starts or ended
             self._attend_to(loop_state)
         # the cheap per-step test: no redraw is due and the total is not reached
-        elif (
-            _time.monotonic() >= self._due
-            or loop_state.elapsed.steps >= self._quiet_below
-        ):
+        # (`_row[0]`: `loop_state.elapsed.steps`, without building it)
+        elif _time.monotonic() >= self._due or loop_state._row[0] >= self._quiet_below:
             self._update(loop_state.elapsed_after)
 
     def _attend_to(self, loop_state: LoopState) -> None:

@@ -148,14 +148,16 @@ class ManagedStep(LoopElement):
         comes with the loop state (`loop_state.placed`)."""
         ls = loop_state
         state, batch, last = ls.state, ls.batch, self._last
+        # a step that takes no `elapsed` does not have it built (`ls.elapsed`)
+        elapsed = ls.elapsed if self._arity >= 3 else None
         if (
             last is not None
             and getattr(state, "strategy", None) is last[0]
             and type(batch) is not Steps
         ):  # the common step (`_run`'s first test, without its frame)
-            out = self._call(last, state, batch, ls.elapsed, ls.placed)
+            out = self._call(last, state, batch, elapsed, ls.placed)
         else:
-            out = self._run(state, batch, ls.elapsed, ls.placed)
+            out = self._run(state, batch, elapsed, ls.placed)
         if out[0] is self._made:  # built here from the compiled call's outputs
             if type(ls) is LoopState:  # `hand_over(ls, ...)`, written out
                 ls._fresh = out[0]  # the loop's alone: merged into in place
@@ -213,7 +215,9 @@ class ManagedStep(LoopElement):
                     two and compiles(strategy) and strategy.max_in_flight is None
                 ):
                     plain = last
-                    logs, state = call(last, state, batch, ls.elapsed, ls.placed)
+                    logs, state = call(
+                        last, state, batch, None if two else ls.elapsed, ls.placed
+                    )
                     if logs is not self._made or not logs:  # not built for the loop
                         apply((logs, state), ls)
                         return
