@@ -24,6 +24,8 @@ from ciclo._warn import warn
 
 # an `Elapsed`'s fields as the History stores them (`LoopState._row`)
 _ROW = operator.attrgetter("steps", "samples", "time", "date")
+# `elapsed_after`'s (`LoopState._after_counts`)
+_COUNTS = operator.attrgetter("steps", "samples", "date", "date_start")
 
 __all__ = [
     "Apply",
@@ -120,7 +122,7 @@ class LoopState:
     # `elapsed_after`, or None while it is not built: then `_after_counts`
     # (steps, samples, date, date_start) are its fields (set by `Run`)
     _after: Elapsed | None
-    _after_counts: tuple[int, int, float, float] | None
+    _after_counts: tuple[int, int, float, float]
 
     def __init__(
         self,
@@ -133,9 +135,8 @@ class LoopState:
         metadata: Any,
     ) -> None:
         self.state, self.batch = state, batch
-        self.elapsed, self._after = elapsed, elapsed_after
+        self.elapsed, self.elapsed_after = elapsed, elapsed_after
         self._start = 0.0
-        self._after_counts = None
         self.history, self.logs, self.metadata = history, logs, metadata
         self._committed = Logs()
         self._unmerged = []  # committed steps' logs not merged into it yet
@@ -180,7 +181,7 @@ class LoopState:
 
     @elapsed_after.setter
     def elapsed_after(self, value: Elapsed) -> None:
-        self._after = value
+        self._after, self._after_counts = value, _COUNTS(value)
 
     @property
     def accumulated_logs(self) -> Logs:

@@ -74,22 +74,22 @@ class EpochEnd(Schedule):
         return tuple(math.floor(getattr(elapsed, f) / n) for f, n in self._fields)
 
     def __call__(self, loop_state: LoopState) -> bool:
-        # the batch's count (one object per batch, set by the loop's `Run`;
-        # `elapsed_after` itself is built only when read)
-        batch = loop_state._after_counts
-        if batch is self._for:  # decided for this batch already
+        # `elapsed_after`'s fields (steps, samples, date, date_start): one
+        # object per batch, set by the loop's `Run` (the `Elapsed` itself is
+        # built only when read)
+        counts = loop_state._after_counts
+        if counts is self._for:  # decided for this batch already
             return self._ended
-        self._for = batch
+        self._for = counts
         if self._pass_only:  # no duration, at most a stop in steps
             stop_steps = self._stop_steps
-            ended = (
-                stop_steps is not None and loop_state.elapsed_after.steps >= stop_steps
-            )
+            ended = stop_steps is not None and counts[0] >= stop_steps
         else:
-            after = loop_state.elapsed_after
-            ended = self.stop is not None and self.stop.reached(after)
+            ended = self.stop is not None and self.stop._reached_at(counts)
             if self._fields:  # an `epoch_duration`: its counts moved on?
-                index = self._indices(after)
+                steps, samples, date, start = counts
+                at = {"steps": steps, "samples": samples, "time": date - start}
+                index = tuple(math.floor(at[f] / n) for f, n in self._fields)
                 ended = ended or any(new > old for new, old in zip(index, self._index))
                 self._index = index
         if (
