@@ -48,6 +48,7 @@ WATCHED = {
     for f in (
         _history.History.commit,
         _history.History._append,
+        _history.History._append_row,
         _history.History._append_steps,
         _history.History._flush,
         _history.History._fetch_below,
@@ -241,7 +242,7 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
         assert [r[:2] for r in rows] == [r[:2] for r in expected], where
         assert all(r == e or r[2] is None for r, e in zip(rows, expected)), where
     assert {
-        "HistoryStore._append",
+        "HistoryStore._append_row",
         "HistoryStore._advance",
         "Logs.merge",
         "batch_size",
@@ -252,7 +253,8 @@ def test_ctrl_c_at_every_line_of_the_commit_path(value, monkeypatch):
     # written out in `Run.batches` (every line of it is watched): the next
     # batch's clock and the commit's deferral (the scope's hold and release)
     source, first = inspect.getsourcelines(Run.batches)
-    for text in ("starts = new(Elapsed)", "scope.busy += 1", "scope.busy -= 1"):
+    clock = "steps, samples, date = steps_after, samples_after, now()"
+    for text in (clock, "scope.busy += 1", "scope.busy -= 1"):
         line = first + next(i for i, code in enumerate(source) if text in code)
         assert f"Run.batches:{line}" in wheres, text
 
