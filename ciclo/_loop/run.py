@@ -23,9 +23,9 @@ from ciclo._input.batch import Steps, batch_size
 from ciclo._interrupts import DEFERRED, Scope, held
 from ciclo._logs import Logs
 from ciclo._loop.runners import ScheduleBlame, fired
-from ciclo._loop.state import _ROW, committed
+from ciclo._loop.state import _ROW, committed, elapsed_at
 from ciclo._shapes import signature as shapes_of
-from ciclo._time import Elapsed, new_elapsed
+from ciclo._time import Elapsed
 
 __all__ = ["Run"]
 
@@ -56,11 +56,9 @@ class Run:
     @property
     def current(self) -> Elapsed:
         """The `Elapsed` counting every batch whose tasks completed."""
-        current = self._current
-        if current is None:
-            steps, samples, _, date = self._row
-            current = self._current = new_elapsed(steps, samples, date, self._start)
-        return current
+        if self._current is None:
+            self._current = elapsed_at(self._row, self._start)
+        return self._current
 
     @current.setter
     def current(self, value: Elapsed) -> None:

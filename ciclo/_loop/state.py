@@ -27,11 +27,20 @@ _ROW = operator.attrgetter("steps", "samples", "time", "date")
 # `elapsed_after`'s (`LoopState._after_counts`)
 _COUNTS = operator.attrgetter("steps", "samples", "date", "date_start")
 
+
+def elapsed_at(row: tuple[int, int, float, float], start: float) -> Elapsed:
+    """The `Elapsed` of a History row `(steps, samples, time, date)` whose
+    clock started at `start` (the row's time is `date - start`)."""
+    steps, samples, _, date = row
+    return new_elapsed(steps, samples, date, start)
+
+
 __all__ = [
     "Apply",
     "LoopState",
     "after_commit",
     "committed",
+    "elapsed_at",
     "interrupted",
     "kept_states",
     "read_from",
@@ -159,11 +168,9 @@ class LoopState:
     def elapsed(self) -> Elapsed:
         """The `Elapsed` before the current batch; the loop builds it at the
         first read in a batch (most batches nothing reads it)."""
-        elapsed = self._elapsed
-        if elapsed is None:
-            steps, samples, _, date = self._row
-            elapsed = self._elapsed = new_elapsed(steps, samples, date, self._start)
-        return elapsed
+        if self._elapsed is None:
+            self._elapsed = elapsed_at(self._row, self._start)
+        return self._elapsed
 
     @elapsed.setter
     def elapsed(self, value: Elapsed) -> None:
