@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ciclo._period import Period, as_period
@@ -62,7 +63,13 @@ class EpochEnd(Schedule):
             passes and not self._fields and stop_fields.keys() <= {"steps"}
         )
         self._stop_steps = stop_fields.get("steps")  # None: no stop in steps
-        self._index, self._for, self._ended = self._indices(start), None, False
+        self._index, self._for, self._ended = (
+            self._indices(
+                {"steps": start.steps, "samples": start.samples, "time": start.time}
+            ),
+            None,
+            False,
+        )
         self.count = max(self._index, default=count_from)
 
     @property
@@ -70,8 +77,9 @@ class EpochEnd(Schedule):
         """Whether a decision was taken for an earlier batch."""
         return self._for is not None
 
-    def _indices(self, elapsed: Elapsed) -> tuple[int, ...]:
-        return tuple(math.floor(getattr(elapsed, f) / n) for f, n in self._fields)
+    def _indices(self, at: Mapping[str, float]) -> tuple[int, ...]:
+        """How many `duration`s each field of `at` (field -> amount) holds."""
+        return tuple(math.floor(at[f] / n) for f, n in self._fields)
 
     def __call__(self, loop_state: LoopState) -> bool:
         # `elapsed_after`'s fields (steps, samples, date, date_start): one
@@ -89,7 +97,7 @@ class EpochEnd(Schedule):
             if self._fields:  # an `epoch_duration`: its counts moved on?
                 steps, samples, date, start = counts
                 at = {"steps": steps, "samples": samples, "time": date - start}
-                index = tuple(math.floor(at[f] / n) for f, n in self._fields)
+                index = self._indices(at)
                 ended = ended or any(new > old for new, old in zip(index, self._index))
                 self._index = index
         if (
