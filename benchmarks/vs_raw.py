@@ -431,6 +431,12 @@ def main():
         help="sys.setswitchinterval for the whole run (Python's default: 0.005 s): "
         "how long a thread holding the GIL keeps a waiting one (e.g. jax's) waiting",
     )
+    parser.add_argument(
+        "--ratios-out",
+        default=None,
+        help="also write every round's paired ratios and times (JSON) to this path, "
+        "to pool rounds over several runs",
+    )
     args = parser.parse_args()
     global BUSY_US
     BUSY_US = args.busy_us
@@ -543,6 +549,19 @@ def main():
             times[raw_name].append(t_raw)
             ratios[name].append(t_raw / t_variant)
     ratios[raw_name] = [1.0]
+    if args.ratios_out:
+        import json
+
+        with open(args.ratios_out, "w") as f:
+            json.dump(
+                {
+                    "ciclo": os.path.dirname(os.path.abspath(ciclo.__file__)),
+                    "steps": args.steps,
+                    "ratios": ratios,
+                    "times": times,
+                },
+                f,
+            )
     device = jax.devices()[0]
     model = f"MLP {'-'.join(map(str, SIZES))}, batch {BATCH}" + (
         f" (big / {args.shrink})" if args.model == "big" and args.shrink > 1 else ""
