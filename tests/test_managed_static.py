@@ -153,3 +153,117 @@ def test_alternating_optimizers_compile_once_each(strategy):
         assert len(history.collect("loss")) == 2
         _, state = step(state, _batches(1)[0])  # and by hand
     assert len(traces) == 2
+
+
+# -- states of other classes: every field the step leaves alone is the input's ---
+@struct.dataclass
+class _Tagged(managed.ManagedState):
+    """A subclass with a data field a step may leave as it is and a static one."""
+
+    seen: jax.Array = 0
+    other: jax.Array = 0
+    tag: str = struct.field(pytree_node=False, default="a")
+
+
+def _tagged(strategy="jit"):
+    return _Tagged.create(
+        params={"w": jnp.ones(3, jnp.float32)},
+        tx=optax.sgd(0.1),
+        strategy=strategy,
+        seen=jnp.int32(0),
+        other=jnp.int32(0),
+    )
+
+
+@pytest.mark.parametrize("strategy", ["jit", "jit_donate"])
+def test_a_subclass_field_the_step_leaves_alone_is_kept_and_usable(strategy):
+    step = managed.train_step(_loss)  # `seen` and `tag` untouched
+    start = _tagged(strategy)
+    state, history, _ = ciclo.loop(start, _batches(4), {ciclo.every(1): step})
+    for _ in range(2):  # and by hand, from the loop's state
+        _, state = step(state, _batches(1)[0])
+    assert type(state) is _Tagged and state.tag == "a"
+    assert int(state.step) == 6  # and the fields it left alone readable
+    assert int(state.seen) == int(state.other) == 0
+    assert list(vars(state)) == list(vars(start))  # the fields, in their order
+    assert jax.tree.structure(state) == jax.tree.structure(start)
+    assert len(history.collect("loss")) == 4
+
+
+def test_a_step_that_keeps_a_field_for_one_shape_and_changes_it_for_another():
+    """Which fields a step changes may depend on what it is traced with."""
+
+    def fit(state, batch):
+        logs = _loss(state, batch)
+        state = state.replace(other=state.other + 10)  # always
+        if batch[0].shape[0] == 4:  # decided while traced
+            state = state.replace(seen=state.seen + 1)
+        return logs, state
+
+    step = managed.step(fit)
+    rng = np.random.default_rng(1)
+    small = (rng.normal(size=(2, 3)).astype(np.float32), np.ones(2, np.float32))
+    batches = [_batches(1)[0], small, _batches(1)[0], small, small]
+    state, history, _ = ciclo.loop(_tagged(), batches, {ciclo.every(1): step})
+    assert int(state.seen) == 2  # the two batches of 4 rows
+    assert int(state.other) == 50
+    _, state = step(state, small)
+    _, state = step(state, _batches(1)[0])
+    assert int(state.seen) == 3 and int(state.other) == 70
+    assert type(state) is _Tagged
+    assert len(history.collect("loss")) == 5
+
+
+def test_a_subclass_with_a_post_init_runs_it_on_the_steps_output():
+    made = []
+
+    @struct.dataclass
+    class Checked(managed.ManagedState):
+        def __post_init__(self):
+            made.append(type(self.step))
+
+    step = managed.train_step(_loss)
+    start = Checked.create(params={"w": jnp.ones(3, jnp.float32)}, tx=optax.sgd(0.1))
+    made.clear()
+    state, _, _ = ciclo.loop(start, _batches(3), {ciclo.every(1): step})
+    assert type(state) is Checked and int(state.step) == 3
+    assert made  # the class's own checks ran on the states the steps made
+
+
+@pytest.mark.parametrize("strategy", ["jit", "jit_donate"])
+def test_a_flax_state_trains_alike_in_a_loop_and_by_hand_compiling_once(strategy):
+    import flax.linen as nn
+
+    traces = []
+
+    def mse(preds, target):
+        traces.append(1)  # runs while a step is traced
+        return jnp.mean((preds[:, 0] - target) ** 2)
+
+    def make():
+        return ciclo.create_flax_state(
+            nn.Dense(1),
+            jnp.ones((4, 3)),
+            optax.adam(0.05),
+            losses={"mse": mse},
+            strategy=strategy,
+        )
+
+    looped, by_hand = make(), make()
+    key = np.asarray(jax.random.key_data(looped.key))
+    traces.clear()
+    looped, history, _ = ciclo.train_loop(looped, _batches(5))
+    losses = []
+    for batch in _batches(5):
+        logs, by_hand = by_hand.train_step(batch)
+        losses.append(float(logs.losses.mse))
+    assert len(traces) == 2  # once per state (each has its own config), not per step
+    assert type(looped) is type(by_hand) and int(looped.step) == int(by_hand.step) == 5
+    for a, b in zip(jax.tree.leaves(looped.params), jax.tree.leaves(by_hand.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+    np.testing.assert_allclose(history.collect("losses.mse"), losses, rtol=1e-6)
+    # the key each step folds `step` into is the same key, still a typed key
+    assert jax.dtypes.issubdtype(looped.key.dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(looped.key)), key)
+    assert int(by_hand.metric_states["avg_mse"].count) == 5  # (train_loop resets it)
+    assert list(vars(looped)) == list(vars(make()))

@@ -1,25 +1,33 @@
-"""A `ManagedState`'s compiled step called with its data fields as arguments.
+"""A managed state's compiled step called with its data fields as arguments.
 
 jax flattens a compiled call's arguments and rebuilds its outputs in C++, but a
-Flax dataclass node (`ManagedState`) costs it far more than the dicts and tuples
-inside it: rebuilding the output state builds keyword arguments and calls the
-class, and flattening the input walks its seven fields. Measured by hand on the
-digits MLP (valgrind, a CPU): the managed step's call costs 350k instructions,
-the same step with the state's `step`, `params` and `opt_state` passed as three
-arguments 319k (the raw jitted step: 294k); flattening 37k against 19k,
-rebuilding 23k against 12k.
+Flax dataclass node (`ManagedState`, `FlaxState`, a subclass of the user's)
+costs it far more than the dicts and tuples inside it: rebuilding the output
+state builds keyword arguments and calls the class, and flattening the input
+walks its fields. Measured by hand on the digits MLP (valgrind, a CPU): the
+managed step's call costs 350k instructions, the same step with the state's
+`step`, `params` and `opt_state` passed as arguments 319k (the raw jitted step:
+294k); flattening 37k against 19k, rebuilding 23k against 12k.
 
-`flat_step` compiles the same step that way for `jit`-like strategies (a plain
-`jax.jit`); the loop's runner of a managed step calls it when the state is a
-`ManagedState` whose other fields (`apply_fn`, `tx`, `param_specs`, `strategy`)
-are the objects it was built for, and rebuilds the output state on the host from
-the input's fields. A step whose output state is not such a state (another
-class, other static fields) raises `NotFlat` while it is traced: the runner
-then calls the state-in, state-out compiled step, as before.
+`Flat` compiles the same step that way for `jit`-like strategies (a plain
+`jax.jit`): `(data, batch, elapsed) -> (logs, changed)`, `data` the state's
+data fields (its pytree nodes, a `Layout`) in a tuple. The loop's runner of a
+managed step calls it when the state's class and its other fields (`apply_fn`,
+`tx`, `param_specs`, `strategy`, a `FlaxState`'s `config`) are those it was
+built for, and rebuilds the output state on the host from the input's fields.
+A data field the step returns as it got it (the very object: a `FlaxState`'s
+`key`, which each step folds `step` into without changing it) is not an output:
+the host keeps the input's (a typed PRNG key is rebuilt in Python, ~6 µs a
+step), unless the call donates its inputs. A step whose output state is not
+such a state (another class, other static fields), or whose kept fields differ
+between two traces, raises `NotFlat` while it is traced: the runner then calls
+the state-in, state-out compiled step, as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -27,45 +35,125 @@ import jax
 
 from ciclo.managed._state import DATA, ManagedState, flat_fields
 
-__all__ = ["NotFlat", "flat_step", "rebuild"]
+__all__ = ["Flat", "Layout", "NotFlat", "layout_of"]
 
 _new = object.__new__
 
 
 class NotFlat(Exception):
-    """Raised while tracing a flat step whose output state is not a `ManagedState`
-    with the input's static fields (it is then compiled state-in, state-out)."""
+    """Raised while tracing a flat step whose output state is not of the input's
+    class with the input's static fields, or keeps other fields than its first
+    trace did (it is then compiled state-in, state-out)."""
 
 
-def flat_step(
-    step: Callable[..., Any], state: ManagedState, *, donate: bool
-) -> Callable[..., Any] | None:
+class Layout:
+    """A state class's fields as a flat call takes them: `data`, the names of its
+    pytree nodes (in their order), and `static`, the others but `strategy`
+    (the flat calls are kept per strategy)."""
+
+    __slots__ = ("cls", "data", "static")
+
+    def __init__(self, cls: type, data: tuple[str, ...], static: tuple[str, ...]):
+        self.cls, self.data, self.static = cls, data, static
+
+    def static_of(self, fields: dict[str, Any]) -> tuple[Any, ...]:
+        """The static fields' values in a state's `__dict__`."""
+        return tuple(map(fields.__getitem__, self.static))
+
+
+# a class -> its Layout, or None when its states are not rebuilt from fields
+_LAYOUTS: weakref.WeakKeyDictionary[type, Layout | None] = weakref.WeakKeyDictionary()
+
+
+def layout_of(cls: type) -> Layout | None:
+    """The `Layout` of `cls`'s states, or None: a class that is not a
+    `ManagedState` dataclass, has a `__post_init__` or `__slots__` (a state
+    rebuilt from another's fields skips `__init__`), or `ManagedState` itself
+    when this Flax's `TrainState` has other fields than ciclo knows."""
+    try:
+        return _LAYOUTS[cls]
+    except KeyError:
+        pass
+    layout = None
+    if cls is ManagedState:
+        if flat_fields():
+            names = tuple(f.name for f in dataclasses.fields(cls))
+            layout = Layout(
+                cls, DATA, tuple(n for n in names if n not in DATA and n != "strategy")
+            )
+    elif (
+        isinstance(cls, type)
+        and issubclass(cls, ManagedState)
+        and dataclasses.is_dataclass(cls)
+        and not hasattr(cls, "__post_init__")
+        and all("__slots__" not in vars(c) for c in cls.__mro__[:-1])
+    ):
+        fields = dataclasses.fields(cls)
+        data = tuple(f.name for f in fields if f.metadata.get("pytree_node", True))
+        static = tuple(
+            f.name for f in fields if f.name not in data and f.name != "strategy"
+        )
+        if set(DATA) <= set(data) and "strategy" not in data:
+            layout = Layout(cls, data, static)
+    _LAYOUTS[cls] = layout
+    return layout
+
+
+class Flat:
     """`step(state, batch, elapsed) -> (logs, state)` compiled as
-    `(step, params, opt_state, batch, elapsed) -> (logs, step, params, opt_state)`
-    for states with `state`'s static fields (the caller checks them); None when
-    `state`'s class has other fields than a `ManagedState` of this Flax."""
-    if type(state) is not ManagedState or not flat_fields():
-        return None
-    # the fields in their order, the data ones filled per call (not kept here)
-    template = {k: (None if k in DATA else v) for k, v in state.__dict__.items()}
-    static = [(k, v) for k, v in template.items() if k not in DATA]
+    `call(data, batch, elapsed) -> (logs, changed)` for states of `state`'s
+    class with `state`'s static fields and strategy (the caller checks them:
+    `built_for`); `changed` holds the values of the data fields named in
+    `self.changed` (known once the call was traced: every data field when the
+    call donates its inputs)."""
 
-    def run(step_, params, opt_state, batch, elapsed):
-        logs, out = step(rebuild(template, step_, params, opt_state), batch, elapsed)
-        if type(out) is not ManagedState or any(
-            getattr(out, k, None) is not v for k, v in static
-        ):
-            raise NotFlat
-        return logs, out.step, out.params, out.opt_state
+    __slots__ = ("built_for", "call", "changed", "cls", "layout")
 
-    return jax.jit(run, donate_argnums=(0, 1, 2) if donate else ())
+    def __init__(
+        self, step: Callable[..., Any], state: Any, layout: Layout, *, donate: bool
+    ):
+        cls, names = layout.cls, layout.data
+        fields = state.__dict__
+        self.cls, self.layout = cls, layout
+        self.built_for = layout.static_of(fields)
+        self.changed: tuple[str, ...] | None = None
+        # the fields in their order, the data ones filled per call (not kept here)
+        template = {k: (None if k in names else v) for k, v in fields.items()}
+        static = [(k, fields[k]) for k in (*layout.static, "strategy")]
 
+        def run(data, batch, elapsed):
+            inner = _new(cls)
+            inner_fields = inner.__dict__
+            inner_fields.update(template)
+            inner_fields.update(zip(names, data))
+            logs, out = step(inner, batch, elapsed)
+            if type(out) is not cls or any(
+                getattr(out, k, None) is not v for k, v in static
+            ):
+                raise NotFlat
+            got = out.__dict__
+            changed = (
+                names
+                if donate
+                else tuple(k for k, v in zip(names, data) if got[k] is not v)
+            )
+            if self.changed is None:
+                self.changed = changed
+            elif changed != self.changed:  # this trace keeps other fields
+                raise NotFlat
+            return logs, tuple(got[k] for k in changed)
 
-def rebuild(fields: dict[str, Any], step: Any, params: Any, opt_state: Any) -> Any:
-    """A `ManagedState` with `fields` (another state's, in their order) and these
-    data fields, without `__init__` (the loop's runner writes this out)."""
-    state = _new(ManagedState)
-    out = state.__dict__
-    out.update(fields)
-    out["step"], out["params"], out["opt_state"] = step, params, opt_state
-    return state
+        self.call = jax.jit(run, donate_argnums=(0,) if donate else ())
+
+    def data(self, fields: dict[str, Any]) -> tuple[Any, ...]:
+        """The data fields' values in a state's `__dict__`, for `call`."""
+        return tuple(map(fields.__getitem__, self.layout.data))
+
+    def rebuild(self, fields: dict[str, Any], changed: tuple[Any, ...]) -> Any:
+        """A state with `fields` (the input's, in their order) and the changed
+        data fields, without `__init__` (the loop's runner writes this out)."""
+        state = _new(self.cls)
+        out = state.__dict__
+        out.update(fields)
+        out.update(zip(self.changed, changed))
+        return state

@@ -32,7 +32,7 @@ from ciclo._strategies.jit import Jit
 from ciclo._strategies.registry import get_strategy, strategy_of
 from ciclo._time import Elapsed
 from ciclo.callbacks._base import LoopElement
-from ciclo.managed._flat import NotFlat, flat_step, rebuild
+from ciclo.managed._flat import Flat, NotFlat, layout_of
 from ciclo.managed._fused_steps import at_step, check_fused, fold
 from ciclo.managed._placement import (
     as_logs,
@@ -42,7 +42,6 @@ from ciclo.managed._placement import (
     unpack,
     unpacking,
 )
-from ciclo.managed._state import ManagedState
 from ciclo.managed._step_logs import (
     accumulate,
     batch_weight,
@@ -116,11 +115,10 @@ class ManagedStep(LoopElement):
         self._arity = n
         self._compiled: dict[Strategy, Callable[..., Any]] = {}
         # the function each compiled step compiles, and per strategy its flat
-        # forms for a `ManagedState` (`_flat`): (the static fields each was
-        # built for, its compiled call), the latest first, or None when the
-        # step's output is not flat
+        # calls (`_flat`), each for a state class and its static fields, the
+        # latest first, or None when the step's output is not flat
         self._steps: dict[Strategy, Callable[..., Any]] = {}
-        self._flats: dict[Strategy, list[tuple[tuple[Any, ...], Any]] | None] = {}
+        self._flats: dict[Strategy, list[Flat] | None] = {}
         self._fused: dict[tuple[Strategy, str, bool], Callable[..., Any]] = {}
         self._in_flight: collections.deque[jax.Array] = collections.deque()
         # the strategy of the last unfused call, its compiled step and whether it
@@ -184,13 +182,13 @@ class ManagedStep(LoopElement):
         simple = None  # the `last` whose call `run` makes itself: see below
         plain = None  # the last `last` whose call goes through `_call`
         # whether `simple`'s strategy has flat calls (`ciclo.managed._flat`),
-        # the last one and the static fields of the states it takes (`tx`,
-        # `apply_fn`, `param_specs`), or None; the state its last call made
-        # (whose static fields are those)
-        flattable, flat, static, rebuilt = False, None, None, None
+        # the last one (for a state class and its static fields: `tx`,
+        # `apply_fn`, `param_specs`, ...), or None; the state its last call
+        # made (of that class, with those static fields)
+        flattable, flat, rebuilt = False, None, None
 
         def run(ls: LoopState) -> None:
-            nonlocal simple, plain, flattable, flat, static, rebuilt
+            nonlocal simple, plain, flattable, flat, rebuilt
             if watch is not None:
                 batch, shapes = ls._shapes  # read by `Run` for this batch
                 if shapes is not watch.last or batch is not ls.batch:  # else seen
@@ -226,7 +224,7 @@ class ManagedStep(LoopElement):
                     return
                 simple, rebuilt = last, None
                 flattable = type(strategy) is Jit  # (`_flat`)
-                flat, static = self._flat(strategy, state)
+                flat = self._flat(strategy, state)
             strategy, compiled, as_is = last
             placed = ls.placed  # `placed_for(ls.placed, strategy)`, written out
             if placed is not None and placed.strategy is strategy:
@@ -235,17 +233,22 @@ class ManagedStep(LoopElement):
                 batch = strategy.place_batch(batch)
             if state is rebuilt:  # made by the last call: the same static fields
                 use_flat = True
-            elif flattable and type(state) is ManagedState:
-                fields = state.__dict__
+            elif flattable:
                 if (
                     flat is None
-                    or fields["tx"] is not static[0]
-                    or fields["apply_fn"] is not static[1]
-                    or fields["param_specs"] is not static[2]
-                ):  # other static fields (a new optimizer): their flat call
-                    flat, static = self._flat(strategy, state)
+                    or type(state) is not flat.cls
+                    or not all(
+                        map(
+                            operator.is_,
+                            flat.built_for,
+                            flat.layout.static_of(state.__dict__),
+                        )
+                    )
+                ):  # another class or other static fields (a new optimizer)
+                    flat = self._flat(strategy, state)
                     # None: this step has none under this strategy (its output
-                    # is not flat), for any state: not asked again each step
+                    # is not flat, or the state's class has no `Layout`): not
+                    # asked again each step
                     flattable = flat is not None
                 use_flat = flattable
             else:
@@ -253,26 +256,18 @@ class ManagedStep(LoopElement):
             if use_flat:  # its data fields in and out (`_flat`), the state rebuilt here
                 fields = state.__dict__
                 try:
-                    logs, step, params, opt_state = flat(
-                        fields["step"],
-                        fields["params"],
-                        fields["opt_state"],
-                        batch,
-                        None,
+                    logs, changed = flat.call(  # `flat.data(fields)`, written out
+                        tuple(map(fields.__getitem__, flat.layout.data)), batch, None
                     )
                 except NotFlat:  # (raised while traced: nothing ran)
                     self._flats[strategy] = flat = rebuilt = None
                     flattable = False
                     logs, state = compiled(state, batch, None)
-                else:  # `rebuild(...)`, written out
-                    state = rebuilt = new(ManagedState)
+                else:  # `flat.rebuild(fields, changed)`, written out
+                    state = rebuilt = new(flat.cls)
                     out = state.__dict__
                     out.update(fields)
-                    out["step"], out["params"], out["opt_state"] = (
-                        step,
-                        params,
-                        opt_state,
-                    )
+                    out.update(zip(flat.changed, changed))
             else:
                 logs, state = compiled(state, batch, None)
             if type(logs) is not dict:  # not plain dicts (`plain_logs`)
@@ -289,35 +284,35 @@ class ManagedStep(LoopElement):
 
         return run
 
-    def _flat(
-        self, strategy: Strategy, state: Any
-    ) -> tuple[Callable[..., Any] | None, tuple[Any, ...] | None]:
+    def _flat(self, strategy: Strategy, state: Any) -> Flat | None:
         """The flat call of this step under `strategy` (`ciclo.managed._flat`)
-        for states with `state`'s static fields, and those fields; `(None, None)`
-        when there is none: a strategy other than `jit`'s own kind (whose `wrap`
-        is not a plain `jax.jit`), a state that is not a `ManagedState`, or a
-        step whose output is not flat."""
+        for states of `state`'s class with its static fields; None when there is
+        none: a strategy other than `jit`'s own kind (whose `wrap` is not a
+        plain `jax.jit`), a state whose class has no `Layout`, or a step whose
+        output is not flat."""
         step = self._steps.get(strategy)
-        if step is None or type(strategy) is not Jit or type(state) is not ManagedState:
-            return None, None
-        fields = state.__dict__
-        static = (fields["tx"], fields["apply_fn"], fields["param_specs"])
+        if step is None or type(strategy) is not Jit:
+            return None
+        cls = type(state)
+        layout = layout_of(cls)
+        if layout is None:
+            return None
         known = self._flats.get(strategy, ())
         if known is None:  # its output is not flat
-            return None, None
-        for i, (built_for, compiled) in enumerate(known):
-            if all(map(operator.is_, built_for, static)):
+            return None
+        static = layout.static_of(state.__dict__)
+        for i, flat in enumerate(known):
+            if flat.cls is cls and all(map(operator.is_, flat.built_for, static)):
                 if i:  # the latest first: found first next time
                     known.insert(0, known.pop(i))
-                return compiled, built_for
-        compiled = flat_step(step, state, donate=strategy.donate and self.grad)
-        if compiled is None:
-            return None, None
-        # one per set of static fields seen lately (a run that alternates
-        # optimizers compiles each once), as the state-in call's own cache
-        kept = self._flats[strategy] = [(static, compiled), *known]
+                return flat
+        flat = Flat(step, state, layout, donate=strategy.donate and self.grad)
+        # one per class and set of static fields seen lately (a run that
+        # alternates optimizers compiles each once), as the state-in call's own
+        # cache
+        kept = self._flats[strategy] = [flat, *known]
         del kept[_FLATS_KEPT:]
-        return compiled, static
+        return flat
 
     def _run(
         self, state: Any, batch: Any, elapsed: Any, ahead: Item | None
@@ -383,24 +378,18 @@ class ManagedStep(LoopElement):
             elapsed = None
         elif type(elapsed) is Elapsed and compiles(strategy):
             elapsed = pack(elapsed)
-        flat, _ = self._flat(strategy, state)
+        flat = self._flat(strategy, state)
         if flat is None:
             logs, state = compiled(state, batch, elapsed)
         else:  # its data fields in and out (`_flat`), the state rebuilt here
             fields = state.__dict__
             try:
-                logs, step, params, opt_state = flat(
-                    fields["step"],
-                    fields["params"],
-                    fields["opt_state"],
-                    batch,
-                    elapsed,
-                )
+                logs, changed = flat.call(flat.data(fields), batch, elapsed)
             except NotFlat:  # (raised while traced: nothing ran)
                 self._flats[strategy] = None
                 logs, state = compiled(state, batch, elapsed)
             else:
-                state = rebuild(fields, step, params, opt_state)
+                state = flat.rebuild(fields, changed)
         if type(logs) is dict:
             logs = self._made = as_logs(logs)
         if strategy.max_in_flight is not None:
