@@ -38,6 +38,8 @@ one tree then moved by ±10–15k instructions a step: RESULTS.md, 2026-11-28.)
   host_raw      a plain loop calling a step that only logs a precomputed
                 device scalar (`host_work.py`'s "raw")
   host_loop     `ciclo.loop` over that step: ciclo's loop alone
+  flax          `vs_raw.py`'s `create_flax_state` one-liner (`train_loop(state,
+                data)`); only when named in `--variants`
 
 `loop_rawstep − raw` against `host_loop − host_raw` is ciclo's loop in situ
 against alone. Cache and branch figures are valgrind's models of a generic
@@ -61,6 +63,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = ("raw", "loop_rawstep", "loop", "train_loop", "host_raw", "host_loop")
+OPTIONAL = ("flax",)  # run when named in --variants
 EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "Bc", "Bcm", "Bi", "Bim")
 
 
@@ -113,6 +116,9 @@ def run_variant(variant: str, lengths: tuple[int, ...], repeat: int) -> None:
         "host_raw": host_raw,
         "host_loop": host_loop,
     }
+    if variant == "flax":  # one state: a new one has a new config, so compiles
+        flax_state = vs_raw.flax_state()
+        runs["flax"] = lambda n: vs_raw.run_flax(batches, n, flax_state)
     run = runs[variant]
     # compiled, warmed up, the same in both runs: a run of each measured length
     # too, so that what one length compiles once (the history's stack of its
@@ -268,7 +274,7 @@ def main() -> None:
                 + " |"
             )
     pairs = [("loop_rawstep", "raw", "in situ"), ("host_loop", "host_raw", "alone")]
-    pairs += [(v, "raw", "in situ") for v in ("loop", "train_loop")]
+    pairs += [(v, "raw", "in situ") for v in ("loop", "train_loop", "flax")]
     shown = [(a, b, w) for a, b, w in pairs if a in median and b in median]
     if shown:
         print("\n| ciclo's part (medians) | " + " | ".join(EVENTS) + " |")
