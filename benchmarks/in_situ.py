@@ -202,7 +202,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, nargs="+", default=(200, 600))
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument(
+        "--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + OPTIONAL
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="keep callgrind's files here")
     parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)

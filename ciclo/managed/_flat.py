@@ -10,8 +10,10 @@ managed step's call costs 350k instructions, the same step with the state's
 294k); flattening 37k against 19k, rebuilding 23k against 12k.
 
 `Flat` compiles the same step that way for `jit`-like strategies (a plain
-`jax.jit`): `(data, batch, elapsed) -> (logs, changed)`, `data` the state's
-data fields (its pytree nodes, a `Layout`) in a tuple. The loop's runner of a
+`jax.jit`): `(*data, batch, elapsed) -> (logs, *changed)`, `data` the state's
+data fields (its pytree nodes, a `Layout`), each an argument (a tuple of them
+as one argument costs jax's dispatch more: 375k instructions a step of
+`ciclo.loop` against 369k). The loop's runner of a
 managed step calls it when the state's class and its other fields (`apply_fn`,
 `tx`, `param_specs`, `strategy`, a `FlaxState`'s `config`) are those it was
 built for, and rebuilds the output state on the host from the input's fields.
@@ -101,9 +103,9 @@ def layout_of(cls: type) -> Layout | None:
 
 class Flat:
     """`step(state, batch, elapsed) -> (logs, state)` compiled as
-    `call(data, batch, elapsed) -> (logs, changed)` for states of `state`'s
+    `call(*data, batch, elapsed) -> (logs, *changed)` for states of `state`'s
     class with `state`'s static fields and strategy (the caller checks them:
-    `built_for`); `changed` holds the values of the data fields named in
+    `built_for`); `changed` are the values of the data fields named in
     `self.changed` (known once the call was traced: every data field when the
     call donates its inputs)."""
 
@@ -121,7 +123,8 @@ class Flat:
         template = {k: (None if k in names else v) for k, v in fields.items()}
         static = [(k, fields[k]) for k in (*layout.static, "strategy")]
 
-        def run(data, batch, elapsed):
+        def run(*args):
+            *data, batch, elapsed = args
             inner = _new(cls)
             inner_fields = inner.__dict__
             inner_fields.update(template)
@@ -141,19 +144,21 @@ class Flat:
                 self.changed = changed
             elif changed != self.changed:  # this trace keeps other fields
                 raise NotFlat
-            return logs, tuple(got[k] for k in changed)
+            return (logs, *(got[k] for k in changed))
 
-        self.call = jax.jit(run, donate_argnums=(0,) if donate else ())
+        donated = tuple(range(len(names))) if donate else ()
+        self.call = jax.jit(run, donate_argnums=donated)
 
-    def data(self, fields: dict[str, Any]) -> tuple[Any, ...]:
-        """The data fields' values in a state's `__dict__`, for `call`."""
-        return tuple(map(fields.__getitem__, self.layout.data))
+    def data(self, fields: dict[str, Any]) -> map:
+        """The data fields' values in a state's `__dict__`: `call(*data, ...)`."""
+        return map(fields.__getitem__, self.layout.data)
 
-    def rebuild(self, fields: dict[str, Any], changed: tuple[Any, ...]) -> Any:
-        """A state with `fields` (the input's, in their order) and the changed
-        data fields, without `__init__` (the loop's runner writes this out)."""
+    def rebuild(self, fields: dict[str, Any], result: tuple[Any, ...]) -> Any:
+        """The state of a call's `result` (`(logs, *changed)`): `fields` (the
+        input's, in their order) with the changed data fields, without
+        `__init__` (the loop's runner writes this out)."""
         state = _new(self.cls)
         out = state.__dict__
         out.update(fields)
-        out.update(zip(self.changed, changed))
+        out.update(zip(self.changed, result[1:]))
         return state

@@ -256,18 +256,19 @@ class ManagedStep(LoopElement):
             if use_flat:  # its data fields in and out (`_flat`), the state rebuilt here
                 fields = state.__dict__
                 try:
-                    logs, changed = flat.call(  # `flat.data(fields)`, written out
-                        tuple(map(fields.__getitem__, flat.layout.data)), batch, None
+                    result = flat.call(  # `flat.data(fields)`, written out
+                        *map(fields.__getitem__, flat.layout.data), batch, None
                     )
                 except NotFlat:  # (raised while traced: nothing ran)
                     self._flats[strategy] = flat = rebuilt = None
                     flattable = False
                     logs, state = compiled(state, batch, None)
-                else:  # `flat.rebuild(fields, changed)`, written out
+                else:  # `flat.rebuild(fields, result)`, written out
+                    logs = result[0]
                     state = rebuilt = new(flat.cls)
                     out = state.__dict__
                     out.update(fields)
-                    out.update(zip(flat.changed, changed))
+                    out.update(zip(flat.changed, result[1:]))
             else:
                 logs, state = compiled(state, batch, None)
             if type(logs) is not dict:  # not plain dicts (`plain_logs`)
@@ -384,12 +385,12 @@ class ManagedStep(LoopElement):
         else:  # its data fields in and out (`_flat`), the state rebuilt here
             fields = state.__dict__
             try:
-                logs, changed = flat.call(flat.data(fields), batch, elapsed)
+                result = flat.call(*flat.data(fields), batch, elapsed)
             except NotFlat:  # (raised while traced: nothing ran)
                 self._flats[strategy] = None
                 logs, state = compiled(state, batch, elapsed)
             else:
-                state = flat.rebuild(fields, changed)
+                logs, state = result[0], flat.rebuild(fields, result)
         if type(logs) is dict:
             logs = self._made = as_logs(logs)
         if strategy.max_in_flight is not None:
