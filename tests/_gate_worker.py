@@ -1,4 +1,4 @@
-"""One no-sync gate configuration, run in a fresh process (see test_no_sync_fresh.py).
+"""One no-sync gate configuration, run in a fresh process (see test_no_sync.py).
 
 Usage: python _gate_worker.py CONFIG TMPDIR
 
