@@ -29,6 +29,7 @@ the state-in, state-out compiled step, as before.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -77,15 +78,9 @@ def layout_of(cls: type) -> Layout | None:
     except KeyError:
         pass
     layout = None
-    if cls is ManagedState:
-        if flat_fields():
-            names = tuple(f.name for f in dataclasses.fields(cls))
-            layout = Layout(
-                cls, DATA, tuple(n for n in names if n not in DATA and n != "strategy")
-            )
-    elif (
-        isinstance(cls, type)
-        and issubclass(cls, ManagedState)
+    if (
+        issubclass(cls, ManagedState)
+        and (cls is not ManagedState or flat_fields())
         and dataclasses.is_dataclass(cls)
         and not hasattr(cls, "__post_init__")
         and all("__slots__" not in vars(c) for c in cls.__mro__[:-1])
@@ -148,6 +143,13 @@ class Flat:
 
         donated = tuple(range(len(names))) if donate else ()
         self.call = jax.jit(run, donate_argnums=donated)
+
+    def takes(self, state: Any) -> bool:
+        """Whether `state` is of the class and has the static fields this call
+        was built for."""
+        return type(state) is self.cls and all(
+            map(operator.is_, self.built_for, self.layout.static_of(state.__dict__))
+        )
 
     def data(self, fields: dict[str, Any]) -> map:
         """The data fields' values in a state's `__dict__`: `call(*data, ...)`."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -234,17 +233,8 @@ class ManagedStep(LoopElement):
             if state is rebuilt:  # made by the last call: the same static fields
                 use_flat = True
             elif flattable:
-                if (
-                    flat is None
-                    or type(state) is not flat.cls
-                    or not all(
-                        map(
-                            operator.is_,
-                            flat.built_for,
-                            flat.layout.static_of(state.__dict__),
-                        )
-                    )
-                ):  # another class or other static fields (a new optimizer)
+                if flat is None or not flat.takes(state):
+                    # another class or other static fields (a new optimizer)
                     flat = self._flat(strategy, state)
                     # None: this step has none under this strategy (its output
                     # is not flat, or the state's class has no `Layout`): not
@@ -294,16 +284,14 @@ class ManagedStep(LoopElement):
         step = self._steps.get(strategy)
         if step is None or type(strategy) is not Jit:
             return None
-        cls = type(state)
-        layout = layout_of(cls)
+        layout = layout_of(type(state))
         if layout is None:
             return None
         known = self._flats.get(strategy, ())
         if known is None:  # its output is not flat
             return None
-        static = layout.static_of(state.__dict__)
         for i, flat in enumerate(known):
-            if flat.cls is cls and all(map(operator.is_, flat.built_for, static)):
+            if flat.takes(state):
                 if i:  # the latest first: found first next time
                     known.insert(0, known.pop(i))
                 return flat
